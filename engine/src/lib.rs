@@ -1,0 +1,1 @@
+//! The engine: paged KV pool, slot map, continuous-batching scheduler, context handles.

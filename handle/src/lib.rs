@@ -1,0 +1,1 @@
+//! Signed context handles: fixed-size binary format, issue, verify, renew, keys.

@@ -1,0 +1,1 @@
+//! Compute kernels: CPU SIMD primitives and CUDA kernels compiled with NVRTC.

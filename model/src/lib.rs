@@ -1,0 +1,1 @@
+//! Llama models on CPU: loaders, tokenizer, sampling and the backend trait.

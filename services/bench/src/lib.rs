@@ -1,0 +1,1 @@
+//! Load generator and side-by-side mode comparison.

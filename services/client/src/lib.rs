@@ -1,0 +1,1 @@
+//! Rust client library for the zerolayer.v1 API.

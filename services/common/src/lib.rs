@@ -1,0 +1,1 @@
+//! Shared service plumbing: proto conversions, error mapping, auth, limits, metrics, stream shaping.

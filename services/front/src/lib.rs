@@ -1,0 +1,1 @@
+//! The thin gRPC front of split mode: auth, limits, forwarding over shared memory.

@@ -1,0 +1,1 @@
+//! The layered baseline: an orchestrator keeping transcripts in Redis.

@@ -1,0 +1,1 @@
+//! Shared-memory channel between the front and the engine.

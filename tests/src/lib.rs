@@ -1,0 +1,1 @@
+//! Workspace integration tests: one conformance suite over every deployment mode.
