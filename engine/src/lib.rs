@@ -1,1 +1,6 @@
-//! The engine: paged KV pool, slot map, continuous-batching scheduler, context handles.
+//! The zerolayer engine (work in progress: the domain API is fixed first).
+
+pub mod api;
+
+/// Tokens generated when a request does not say.
+pub const DEFAULT_MAX_TOKENS: u32 = 128;
