@@ -287,3 +287,21 @@ mod tests {
         assert_eq!(edge.limiter.in_flight(), 0);
     }
 }
+
+/// Waits for a stream's first item so that an error found before generation starts ends
+/// the call with an error status (a trailers-only response) instead of a stream whose first
+/// message is an error. Returns the stream with the first item put back.
+pub async fn first_or_error<S, C>(
+    mut stream: S,
+) -> Result<impl Stream<Item = Result<C, ApiError>> + Send + Unpin + 'static, ApiError>
+where
+    S: Stream<Item = Result<C, ApiError>> + Send + Unpin + 'static,
+    C: Send + 'static,
+{
+    let first = match stream.next().await {
+        Some(Ok(chunk)) => Some(Ok(chunk)),
+        Some(Err(e)) => return Err(e),
+        None => None,
+    };
+    Ok(futures::stream::iter(first).chain(stream))
+}
