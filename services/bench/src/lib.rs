@@ -1,1 +1,6 @@
-//! Load generator and side-by-side mode comparison.
+//! Load generation and side-by-side comparison of the deployment modes.
+//!
+//! # Layout
+//! - [`launch`]: starts real deployments (collapsed, split, layered) as child processes.
+
+pub mod launch;
