@@ -19,6 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .emit_rerun_if_changed(false)
+        .codec_path("crate::codec::ZerolayerCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -7,6 +7,8 @@
 
 #![allow(clippy::doc_markdown, clippy::large_enum_variant, missing_docs)]
 
+pub mod codec;
+
 /// Generated protobuf types and gRPC stubs of package `zerolayer.v1`.
 pub mod v1 {
     tonic::include_proto!("zerolayer.v1");

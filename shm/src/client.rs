@@ -847,9 +847,14 @@ impl Keeper {
                 mut beat,
                 mut beat_at,
             } => {
-                segment
-                    .field(offsets::CLIENT_HEARTBEAT)
-                    .fetch_add(1, Ordering::Release);
+                // Beat only once our nonce is written: while another session is still granted
+                // (a front killed a moment ago), a beat from us would keep that dead session
+                // alive in the server's eyes and it would never be released.
+                if written {
+                    segment
+                        .field(offsets::CLIENT_HEARTBEAT)
+                        .fetch_add(1, Ordering::Release);
+                }
                 let give_up = |segment: Segment, written: bool| {
                     if written {
                         let _ = segment.field(offsets::CLIENT_NONCE).compare_exchange(
@@ -884,6 +889,9 @@ impl Keeper {
                     segment
                         .field(offsets::CLIENT_NONCE)
                         .store(nonce, Ordering::Release);
+                    segment
+                        .field(offsets::CLIENT_HEARTBEAT)
+                        .fetch_add(1, Ordering::Release);
                     written = true;
                 }
                 if now.duration_since(since) > self.core.cfg.attach_timeout {

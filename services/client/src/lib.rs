@@ -173,7 +173,8 @@ pub struct Client {
 
 impl Client {
     /// Creates a client. The connection is made lazily on the first call (and remade after
-    /// failures), so a server that is still starting is simply retried.
+    /// failures), so a server that is still starting is simply retried. Must be called inside
+    /// a tokio runtime (the channel spawns its connection task there).
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         let endpoint = Endpoint::from_shared(config.endpoint.clone())
             .map_err(|e| ClientError::local(ErrorReason::InvalidRequest, e.to_string()))?
@@ -188,6 +189,14 @@ impl Client {
         let inner = v1::inference_client::InferenceClient::new(channel.clone())
             .max_decoding_message_size(64 << 20);
         Ok(Self { inner, channel, auth, retry: config.retry })
+    }
+
+    /// Same connection sending `authorization` as given (a gateway forwarding its caller's
+    /// credentials); `None` sends none.
+    #[must_use]
+    pub fn with_authorization(mut self, authorization: Option<AsciiMetadataValue>) -> Self {
+        self.auth = authorization;
+        self
     }
 
     /// Same connection with another retry policy.
@@ -416,6 +425,11 @@ impl Conversation {
             sampling: v1::SamplingParams::default(),
             stream_options: None,
         }
+    }
+
+    /// Continues the conversation through another connection (e.g. a new front).
+    pub fn rebind(&mut self, client: Client) {
+        self.client = client;
     }
 
     /// Opens with a system prompt.

@@ -58,8 +58,7 @@ pub trait WireDecode: Sized + Send + 'static {
 impl<T: Message + Default + Send + 'static> WireDecode for Raw<T> {
     fn read(src: &mut DecodeBuf<'_>) -> Result<Self, Status> {
         let bytes = src.copy_to_bytes(src.remaining());
-        let message = T::decode(bytes.clone())
-            .map_err(|e| Status::invalid_argument(format!("malformed request: {e}")))?;
+        let message = T::decode(bytes.clone()).map_err(zerolayer_proto::codec::malformed)?;
         Ok(Self { bytes, message })
     }
 }

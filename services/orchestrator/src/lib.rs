@@ -166,6 +166,8 @@ struct Orchestrator {
     edge: Edge,
     redis: RedisPool,
     engine: Client,
+    /// Credentials for calls without a caller (readiness probes): the configured engine key.
+    engine_auth: Option<tonic::metadata::AsciiMetadataValue>,
     keys: Arc<KeyRing>,
     ttl: Duration,
     metrics: OrchestratorMetrics,
@@ -338,15 +340,23 @@ impl Orchestrator {
         Ok(handle.as_bytes().to_vec())
     }
 
+    /// The engine client for a caller: the caller's own credentials are forwarded, so the
+    /// engine applies that tenant's policy (safety strings, limits) too.
+    fn engine_for(&self, metadata: &tonic::metadata::MetadataMap) -> Client {
+        let auth = metadata.get("authorization").cloned().or_else(|| self.engine_auth.clone());
+        self.engine.clone().with_authorization(auth)
+    }
+
     /// Runs one generation: prepare, call the engine, relay, commit at the final chunk.
     async fn stream(
         &self,
+        engine: &Client,
         tenant: &TenantPolicy,
         req: v1::GenerateRequest,
     ) -> Result<impl Stream<Item = Result<v1::GenerateChunk, ApiError>> + Send + Unpin + 'static, ApiError>
     {
         let prepared = self.prepare(tenant, &req).await?;
-        let upstream = self.engine.generate(prepared.engine_request.clone()).await.map_err(from_client_error)?;
+        let upstream = engine.generate(prepared.engine_request.clone()).await.map_err(from_client_error)?;
         let this = self.clone();
         let state = (upstream, prepared, String::new(), this, false);
         Ok(Box::pin(futures::stream::unfold(state, |(mut up, prepared, mut text, this, done)| async move {
@@ -389,13 +399,15 @@ impl Inference for Orchestrator {
         const RPC: &str = "generate";
         let started = Instant::now();
         let tenant = self.edge.authenticate(RPC, started, request.metadata())?;
+        let engine = self.engine_for(request.metadata());
         let req = request.into_inner();
         let max_tokens = convert::generate_request(req.clone())
             .map_err(|e| self.edge.fail(RPC, started, e))?
             .sampling
             .max_tokens;
         let admission = self.edge.admit(RPC, started, &tenant, max_tokens)?;
-        let stream = self.stream(&tenant, req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
+        let stream =
+            self.stream(&engine, &tenant, req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
         Ok(Response::new(Box::pin(self.edge.instrument(RPC, started, admission, stream))))
     }
 
@@ -406,6 +418,7 @@ impl Inference for Orchestrator {
         const RPC: &str = "generate_buffered";
         let started = Instant::now();
         let tenant = self.edge.authenticate(RPC, started, request.metadata())?;
+        let engine = self.engine_for(request.metadata());
         let mut req = request.into_inner();
         req.stream_options = None;
         let max_tokens = convert::generate_request(req.clone())
@@ -413,7 +426,8 @@ impl Inference for Orchestrator {
             .sampling
             .max_tokens;
         let admission = self.edge.admit(RPC, started, &tenant, max_tokens)?;
-        let stream = self.stream(&tenant, req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
+        let stream =
+            self.stream(&engine, &tenant, req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
         let mut stream = Box::pin(self.edge.instrument(RPC, started, admission, stream));
         let mut collector = BufferedCollector::default();
         while let Some(chunk) = stream.next().await {
@@ -429,10 +443,10 @@ impl Inference for Orchestrator {
         const RPC: &str = "probe";
         let started = Instant::now();
         self.edge.authenticate(RPC, started, request.metadata())?;
+        let engine = self.engine_for(request.metadata());
         let ping: Result<String, _> = redis::cmd("PING").query_async(&mut self.redis.conn()).await;
         ping.map_err(|e| self.edge.fail(RPC, started, redis_error("ping", &e)))?;
-        let mut resp = self
-            .engine
+        let mut resp = engine
             .probe()
             .await
             .map_err(|e| self.edge.fail(RPC, started, from_client_error(e)))?;
@@ -449,12 +463,12 @@ impl Inference for Orchestrator {
         const RPC: &str = "validate";
         let started = Instant::now();
         let tenant = self.edge.authenticate(RPC, started, request.metadata())?;
+        let engine = self.engine_for(request.metadata());
         let req = request.into_inner();
         convert::generate_request(req.clone()).map_err(|e| self.edge.fail(RPC, started, e))?;
         self.edge.limiter.check_only(&tenant).map_err(|e| self.edge.fail(RPC, started, e))?;
         let prepared = self.prepare(&tenant, &req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
-        let resp = self
-            .engine
+        let resp = engine
             .validate(prepared.engine_request)
             .await
             .map_err(|e| self.edge.fail(RPC, started, from_client_error(e)))?;
@@ -478,6 +492,12 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("cannot connect to Redis at {}: {e}", config.redis_url))?;
     let mut client_config = ClientConfig::new(config.engine_url.clone());
     client_config.api_key = config.engine_api_key.clone();
+    let engine_auth = config
+        .engine_api_key
+        .as_ref()
+        .map(|k| tonic::metadata::AsciiMetadataValue::try_from(format!("Bearer {k}")))
+        .transpose()
+        .map_err(|_| anyhow::anyhow!("engine API key is not ASCII"))?;
     let engine = Client::new(client_config).map_err(|e| anyhow::anyhow!("engine URL: {e}"))?;
     let service = Orchestrator {
         edge: Edge {
@@ -487,23 +507,25 @@ pub async fn run(
         },
         redis,
         engine: engine.clone(),
+        engine_auth,
         keys: config.keys.clone(),
         ttl: config.ttl,
         metrics: orchestrator_metrics,
     };
     let lifecycle = bound.lifecycle();
+    // Ready once Redis answered (above) and the engine reports SERVING on its health service
+    // (which needs no credentials).
     let readiness = tokio::spawn(async move {
         loop {
-            match engine.probe().await {
-                Ok(_) => {
+            match engine.health().await {
+                Ok(true) => {
                     lifecycle.set_serving(true).await;
                     return;
                 }
-                Err(e) => {
-                    tracing::info!(cause = %e, "engine not ready yet");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                Ok(false) => tracing::info!("engine not serving yet"),
+                Err(e) => tracing::info!(cause = %e, "engine not reachable yet"),
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
     let result = bound
