@@ -14,7 +14,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, includes)?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     // Reflection serves this descriptor set so that `grpcurl` works without .proto files.
-    std::fs::write(out_dir.join("zerolayer_descriptor.bin"), fds.encode_to_vec())?;
+    std::fs::write(
+        out_dir.join("zerolayer_descriptor.bin"),
+        fds.encode_to_vec(),
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -17,7 +17,10 @@ use crate::ERROR_REASON_METADATA;
 /// A status for bytes that do not decode as the expected message.
 pub fn malformed(error: impl std::fmt::Display) -> Status {
     let mut status = Status::invalid_argument(format!("malformed protobuf message: {error}"));
-    status.metadata_mut().insert(ERROR_REASON_METADATA, MetadataValue::from_static("INVALID_REQUEST"));
+    status.metadata_mut().insert(
+        ERROR_REASON_METADATA,
+        MetadataValue::from_static("INVALID_REQUEST"),
+    );
     status
 }
 
@@ -41,7 +44,11 @@ impl<U: Message + Default> Decoder for ZerolayerDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         self.0.decode(buf).map_err(|s| {
-            if s.code() == tonic::Code::Internal { malformed(s.message()) } else { s }
+            if s.code() == tonic::Code::Internal {
+                malformed(s.message())
+            } else {
+                s
+            }
         })
     }
 
@@ -71,4 +78,3 @@ where
 
 /// Re-exported so the encoder type can be named.
 pub type ZerolayerEncoder<T> = ProstEncoder<T>;
-

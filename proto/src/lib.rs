@@ -48,8 +48,13 @@ mod tests {
     #[test]
     fn every_error_reason_round_trips_through_its_short_name() {
         for value in 0..=64 {
-            let Ok(reason) = ErrorReason::try_from(value) else { continue };
-            assert_eq!(ErrorReason::from_short_name(reason.short_name()), Some(reason));
+            let Ok(reason) = ErrorReason::try_from(value) else {
+                continue;
+            };
+            assert_eq!(
+                ErrorReason::from_short_name(reason.short_name()),
+                Some(reason)
+            );
             assert!(!reason.short_name().starts_with("ERROR_REASON_"));
         }
         assert_eq!(ErrorReason::ContextEvicted.short_name(), "CONTEXT_EVICTED");

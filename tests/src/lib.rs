@@ -32,7 +32,10 @@ pub fn zerolayer_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let bin = dir.join("zerolayer");
     assert!(
         bin.exists(),
@@ -45,20 +48,26 @@ pub fn zerolayer_bin() -> PathBuf {
 /// The test models directory: `$ZEROLAYER_MODELS_DIR`, else `../shared/models` beside the
 /// workspace root. `None` (with a visible skip message) when absent.
 pub fn models_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("ZEROLAYER_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models")
-    });
+    let dir = std::env::var_os("ZEROLAYER_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models"));
     if dir.join("stories260K/stories260K.bin").exists() {
         Some(dir)
     } else {
-        eprintln!("SKIP: test models not found at {} (set ZEROLAYER_MODELS_DIR)", dir.display());
+        eprintln!(
+            "SKIP: test models not found at {} (set ZEROLAYER_MODELS_DIR)",
+            dir.display()
+        );
         None
     }
 }
 
 /// Whether `redis-server` is installed (the layered baseline needs it).
 pub fn have_redis() -> bool {
-    Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// A test's private world: a work dir, handle keys, a tenants file, and a launcher using them.
@@ -78,7 +87,10 @@ impl TestEnv {
 
     /// A fresh environment serving `model`.
     pub fn with_model(model: &str) -> Self {
-        let dir = tempfile::Builder::new().prefix("zl-test-").tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("zl-test-")
+            .tempdir()
+            .expect("temp dir");
         let keys = dir.path().join("keys");
         let status = Command::new(zerolayer_bin())
             .args(["keygen", "--out-dir"])
@@ -128,7 +140,9 @@ max_concurrency = 1
 
     /// Starts a deployment of `mode`, panicking with the logs on failure.
     pub fn start(&self, mode: Mode) -> Deployment {
-        self.launcher.start(mode).unwrap_or_else(|e| panic!("starting {mode}: {e:#}"))
+        self.launcher
+            .start(mode)
+            .unwrap_or_else(|e| panic!("starting {mode}: {e:#}"))
     }
 }
 
@@ -155,8 +169,12 @@ pub fn retrying_client(endpoint: &str, key: Option<&str>) -> Client {
 /// Reads a Prometheus endpoint.
 pub async fn scrape(metrics_addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(metrics_addr).await.expect("connect to metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+    let mut s = tokio::net::TcpStream::connect(metrics_addr)
+        .await
+        .expect("connect to metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
     out
@@ -164,7 +182,10 @@ pub async fn scrape(metrics_addr: &str) -> String {
 
 /// The value of the first sample line starting with `prefix` (a metric name with labels).
 pub fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, up to `timeout`.

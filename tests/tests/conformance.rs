@@ -11,11 +11,17 @@ use zerolayer_proto::v1;
 use zerolayer_tests::*;
 
 fn sampling(max_tokens: u32) -> v1::SamplingParams {
-    v1::SamplingParams { max_tokens: Some(max_tokens), ..Default::default() }
+    v1::SamplingParams {
+        max_tokens: Some(max_tokens),
+        ..Default::default()
+    }
 }
 
 fn user(text: &str) -> v1::Message {
-    v1::Message { role: v1::Role::User as i32, content: text.into() }
+    v1::Message {
+        role: v1::Role::User as i32,
+        content: text.into(),
+    }
 }
 
 fn request(text: &str, max_tokens: u32) -> v1::GenerateRequest {
@@ -29,7 +35,11 @@ fn request(text: &str, max_tokens: u32) -> v1::GenerateRequest {
 /// A request whose stream lasts seconds: one byte per chunk, 20 ms apart.
 fn slow_request() -> v1::GenerateRequest {
     v1::GenerateRequest {
-        stream_options: Some(v1::StreamOptions { max_buffer_size: 1, min_delay_ms: 20, network_rtt_ms: 0 }),
+        stream_options: Some(v1::StreamOptions {
+            max_buffer_size: 1,
+            min_delay_ms: 20,
+            network_rtt_ms: 0,
+        }),
         ..request("tell me a long story", 200)
     }
 }
@@ -39,13 +49,20 @@ async fn expect_error(client: &Client, req: v1::GenerateRequest) -> ClientError 
         Err(e) => e,
         Ok(stream) => match stream.collect().await {
             Err(e) => e,
-            Ok(turn) => panic!("expected an error, got a reply of {} tokens", turn.token_ids.len()),
+            Ok(turn) => panic!(
+                "expected an error, got a reply of {} tokens",
+                turn.token_ids.len()
+            ),
         },
     }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 fn skip_without_redis(mode: Mode) -> bool {
@@ -77,14 +94,25 @@ fn multi_turn_conversation_reports_reuse(mode: Mode) {
         let t2 = conv.turn("and then").await.expect("turn 2");
         let t3 = conv.turn("the end").await.expect("turn 3");
         for t in [&t1, &t2, &t3] {
-            assert!(!t.final_info.as_ref().expect("final").context_handle.is_empty(), "handle renewed");
+            assert!(
+                !t.final_info
+                    .as_ref()
+                    .expect("final")
+                    .context_handle
+                    .is_empty(),
+                "handle renewed"
+            );
             assert_eq!(t.usage().generated_tokens as usize, t.token_ids.len());
         }
         assert!(t2.usage().prompt_tokens > t1.usage().prompt_tokens);
         match mode {
             Mode::Layered => {
                 for t in [&t1, &t2, &t3] {
-                    assert_eq!(t.usage().cached_prompt_tokens, 0, "the baseline never reuses");
+                    assert_eq!(
+                        t.usage().cached_prompt_tokens,
+                        0,
+                        "the baseline never reuses"
+                    );
                     assert_eq!(t.reuse(), ReuseOutcome::Disabled);
                 }
             }
@@ -94,9 +122,18 @@ fn multi_turn_conversation_reports_reuse(mode: Mode) {
                 // Turn k reuses everything turn k-1 held: its prompt and its reply.
                 let u1 = t1.usage();
                 let u2 = t2.usage();
-                assert_eq!(u2.cached_prompt_tokens, u1.prompt_tokens + u1.generated_tokens);
-                assert_eq!(t3.usage().cached_prompt_tokens, u2.prompt_tokens + u2.generated_tokens);
-                assert_eq!(u2.prefilled_prompt_tokens, u2.prompt_tokens - u2.cached_prompt_tokens);
+                assert_eq!(
+                    u2.cached_prompt_tokens,
+                    u1.prompt_tokens + u1.generated_tokens
+                );
+                assert_eq!(
+                    t3.usage().cached_prompt_tokens,
+                    u2.prompt_tokens + u2.generated_tokens
+                );
+                assert_eq!(
+                    u2.prefilled_prompt_tokens,
+                    u2.prompt_tokens - u2.cached_prompt_tokens
+                );
             }
         }
     });
@@ -108,7 +145,9 @@ fn delta_mode_recovers_from_eviction_through_the_client(mode: Mode) {
     }
     let mut env = TestEnv::new();
     // A tiny slot map: a handful of other conversations evict the first one.
-    env.launcher.engine_flags = ["--slots", "4", "--max-batch", "2"].map(String::from).to_vec();
+    env.launcher.engine_flags = ["--slots", "4", "--max-batch", "2"]
+        .map(String::from)
+        .to_vec();
     let d = env.start(mode);
     runtime().block_on(async {
         let client = client(&d.endpoint, Some(ACME_KEY));
@@ -121,13 +160,22 @@ fn delta_mode_recovers_from_eviction_through_the_client(mode: Mode) {
         }
         for i in 0..8 {
             let mut other = client.conversation().sampling(sampling(2));
-            other.turn(format!("other conversation {i}")).await.expect("other conversation");
+            other
+                .turn(format!("other conversation {i}"))
+                .await
+                .expect("other conversation");
         }
-        let after = conv.turn("third turn after eviction").await.expect("recovered turn");
+        let after = conv
+            .turn("third turn after eviction")
+            .await
+            .expect("recovered turn");
         match mode {
             Mode::Layered => assert!(!after.resent_full, "Redis keeps transcripts"),
             Mode::Collapsed | Mode::Split => {
-                assert!(after.resent_full, "CONTEXT_EVICTED made the client resend the transcript");
+                assert!(
+                    after.resent_full,
+                    "CONTEXT_EVICTED made the client resend the transcript"
+                );
                 assert_eq!(after.usage().cached_prompt_tokens, 0);
             }
         }
@@ -150,19 +198,35 @@ fn forged_expired_and_foreign_handles_get_typed_errors(mode: Mode) {
         conv.turn("hello").await.expect("turn 1");
         let good = conv.handle().to_vec();
         let with_handle = |handle: Vec<u8>| v1::GenerateRequest {
-            messages: conv.messages().iter().cloned().chain([user("next")]).collect(),
+            messages: conv
+                .messages()
+                .iter()
+                .cloned()
+                .chain([user("next")])
+                .collect(),
             context_handle: handle,
             sampling: Some(sampling(4)),
             ..Default::default()
         };
 
         let forged: Vec<u8> = (0..good.len()).map(|i| (i * 7 + 3) as u8).collect();
-        assert_eq!(expect_error(&acme, with_handle(forged)).await.reason, ErrorReason::InvalidHandle);
+        assert_eq!(
+            expect_error(&acme, with_handle(forged)).await.reason,
+            ErrorReason::InvalidHandle
+        );
         let mut flipped = good.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 0x01;
-        assert_eq!(expect_error(&acme, with_handle(flipped)).await.reason, ErrorReason::InvalidHandle);
-        assert_eq!(expect_error(&acme, with_handle(good[..10].to_vec())).await.reason, ErrorReason::InvalidHandle);
+        assert_eq!(
+            expect_error(&acme, with_handle(flipped)).await.reason,
+            ErrorReason::InvalidHandle
+        );
+        assert_eq!(
+            expect_error(&acme, with_handle(good[..10].to_vec()))
+                .await
+                .reason,
+            ErrorReason::InvalidHandle
+        );
 
         let expired = env.keys().issue(Claims {
             session_id: 42,
@@ -192,10 +256,19 @@ fn unauthenticated_calls_are_rejected(mode: Mode) {
     runtime().block_on(async {
         for key in [None, Some("not-a-configured-key-at-all")] {
             let c = client(&d.endpoint, key);
-            assert_eq!(expect_error(&c, request("hi", 2)).await.reason, ErrorReason::Unauthenticated);
-            assert_eq!(c.probe().await.expect_err("probe").reason, ErrorReason::Unauthenticated);
             assert_eq!(
-                c.validate(request("hi", 2)).await.expect_err("validate").reason,
+                expect_error(&c, request("hi", 2)).await.reason,
+                ErrorReason::Unauthenticated
+            );
+            assert_eq!(
+                c.probe().await.expect_err("probe").reason,
+                ErrorReason::Unauthenticated
+            );
+            assert_eq!(
+                c.validate(request("hi", 2))
+                    .await
+                    .expect_err("validate")
+                    .reason,
                 ErrorReason::Unauthenticated
             );
         }
@@ -213,13 +286,26 @@ fn rate_and_concurrency_limits_are_enforced_per_tenant(mode: Mode) {
         // settled after the first request: the next one finds the tenant in debt.
         let slow = client(&d.endpoint, Some(SLOW_KEY));
         let prompt = "x".repeat(200);
-        slow.generate(request(&prompt, 2)).await.expect("first request").collect().await.expect("reply");
+        slow.generate(request(&prompt, 2))
+            .await
+            .expect("first request")
+            .collect()
+            .await
+            .expect("reply");
         let err = expect_error(&slow, request(&prompt, 2)).await;
         assert_eq!(err.reason, ErrorReason::RateLimitExceeded, "{err}");
-        assert!(err.retry_after.is_some_and(|d| d > Duration::from_secs(10)), "{err:?}");
+        assert!(
+            err.retry_after.is_some_and(|d| d > Duration::from_secs(10)),
+            "{err:?}"
+        );
         // Other tenants are not affected.
         let acme = client(&d.endpoint, Some(ACME_KEY));
-        acme.generate(request(&prompt, 2)).await.expect("acme").collect().await.expect("acme reply");
+        acme.generate(request(&prompt, 2))
+            .await
+            .expect("acme")
+            .collect()
+            .await
+            .expect("acme reply");
 
         // `single`: one request at a time.
         let single = client(&d.endpoint, Some(SINGLE_KEY));
@@ -258,27 +344,61 @@ fn oversized_and_garbage_requests_are_rejected(mode: Mode) {
     runtime().block_on(async {
         let c = client(&d.endpoint, Some(ACME_KEY));
         let huge = "y".repeat((1 << 20) + 16);
-        assert_eq!(expect_error(&c, request(&huge, 2)).await.reason, ErrorReason::InvalidRequest);
-        let no_messages = v1::GenerateRequest { sampling: Some(sampling(2)), ..Default::default() };
-        assert_eq!(expect_error(&c, no_messages).await.reason, ErrorReason::InvalidRequest);
+        assert_eq!(
+            expect_error(&c, request(&huge, 2)).await.reason,
+            ErrorReason::InvalidRequest
+        );
+        let no_messages = v1::GenerateRequest {
+            sampling: Some(sampling(2)),
+            ..Default::default()
+        };
+        assert_eq!(
+            expect_error(&c, no_messages).await.reason,
+            ErrorReason::InvalidRequest
+        );
         let bad_top_p = v1::GenerateRequest {
-            sampling: Some(v1::SamplingParams { top_p: Some(2.0), ..sampling(2) }),
+            sampling: Some(v1::SamplingParams {
+                top_p: Some(2.0),
+                ..sampling(2)
+            }),
             ..request("hi", 2)
         };
-        assert_eq!(expect_error(&c, bad_top_p).await.reason, ErrorReason::InvalidRequest);
+        assert_eq!(
+            expect_error(&c, bad_top_p).await.reason,
+            ErrorReason::InvalidRequest
+        );
         // Bytes that are not a protobuf message at all.
-        for path in ["/zerolayer.v1.Inference/GenerateBuffered", "/zerolayer.v1.Inference/Validate"] {
-            let status = raw_call(&d.endpoint, ACME_KEY, path, vec![0xff; 64]).await.expect_err("garbage");
+        for path in [
+            "/zerolayer.v1.Inference/GenerateBuffered",
+            "/zerolayer.v1.Inference/Validate",
+        ] {
+            let status = raw_call(&d.endpoint, ACME_KEY, path, vec![0xff; 64])
+                .await
+                .expect_err("garbage");
             let err = ClientError::from_status(&status);
-            assert_eq!(err.reason, ErrorReason::InvalidRequest, "{path}: {status:?}");
+            assert_eq!(
+                err.reason,
+                ErrorReason::InvalidRequest,
+                "{path}: {status:?}"
+            );
         }
         // The server is still fine.
-        c.generate(request("still alive", 2)).await.expect("alive").collect().await.expect("reply");
+        c.generate(request("still alive", 2))
+            .await
+            .expect("alive")
+            .collect()
+            .await
+            .expect("reply");
     });
 }
 
 /// Sends raw bytes as a unary gRPC request.
-async fn raw_call(endpoint: &str, key: &str, path: &'static str, body: Vec<u8>) -> Result<bytes::Bytes, tonic::Status> {
+async fn raw_call(
+    endpoint: &str,
+    key: &str,
+    path: &'static str,
+    body: Vec<u8>,
+) -> Result<bytes::Bytes, tonic::Status> {
     use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
     #[derive(Default)]
     struct RawCodec;
@@ -295,7 +415,10 @@ async fn raw_call(endpoint: &str, key: &str, path: &'static str, body: Vec<u8>) 
     impl Decoder for RawDec {
         type Item = bytes::Bytes;
         type Error = tonic::Status;
-        fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<bytes::Bytes>, tonic::Status> {
+        fn decode(
+            &mut self,
+            src: &mut DecodeBuf<'_>,
+        ) -> Result<Option<bytes::Bytes>, tonic::Status> {
             let n = bytes::Buf::remaining(src);
             Ok(Some(bytes::Buf::copy_to_bytes(src, n)))
         }
@@ -320,10 +443,17 @@ async fn raw_call(endpoint: &str, key: &str, path: &'static str, body: Vec<u8>) 
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.expect("ready");
     let mut req = tonic::Request::new(body);
-    req.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
-    grpc.unary(req, tonic::codegen::http::uri::PathAndQuery::from_static(path), RawCodec)
-        .await
-        .map(tonic::Response::into_inner)
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("ascii"),
+    );
+    grpc.unary(
+        req,
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        RawCodec,
+    )
+    .await
+    .map(tonic::Response::into_inner)
 }
 
 fn stream_options_shape_the_stream(mode: Mode) {
@@ -334,23 +464,57 @@ fn stream_options_shape_the_stream(mode: Mode) {
     let d = env.start(mode);
     runtime().block_on(async {
         let c = client(&d.endpoint, Some(ACME_KEY));
-        let plain = c.generate(request("shape me", 48)).await.expect("plain").collect().await.expect("plain reply");
-        assert!(plain.chunk_times.len() >= 48, "one chunk per token unshaped: {}", plain.chunk_times.len());
+        let plain = c
+            .generate(request("shape me", 48))
+            .await
+            .expect("plain")
+            .collect()
+            .await
+            .expect("plain reply");
+        assert!(
+            plain.chunk_times.len() >= 48,
+            "one chunk per token unshaped: {}",
+            plain.chunk_times.len()
+        );
 
         let small = v1::GenerateRequest {
-            stream_options: Some(v1::StreamOptions { max_buffer_size: 3, min_delay_ms: 0, network_rtt_ms: 0 }),
+            stream_options: Some(v1::StreamOptions {
+                max_buffer_size: 3,
+                min_delay_ms: 0,
+                network_rtt_ms: 0,
+            }),
             ..request("shape me", 48)
         };
-        let small = c.generate(small).await.expect("small").collect().await.expect("small reply");
-        assert!(small.chunk_text_bytes.iter().all(|&b| b <= 3), "{:?}", small.chunk_text_bytes);
+        let small = c
+            .generate(small)
+            .await
+            .expect("small")
+            .collect()
+            .await
+            .expect("small reply");
+        assert!(
+            small.chunk_text_bytes.iter().all(|&b| b <= 3),
+            "{:?}",
+            small.chunk_text_bytes
+        );
         assert_eq!(small.text, plain.text, "shaping never changes the text");
         assert_eq!(small.token_ids, plain.token_ids);
 
         let far = v1::GenerateRequest {
-            stream_options: Some(v1::StreamOptions { max_buffer_size: 0, min_delay_ms: 0, network_rtt_ms: 600 }),
+            stream_options: Some(v1::StreamOptions {
+                max_buffer_size: 0,
+                min_delay_ms: 0,
+                network_rtt_ms: 600,
+            }),
             ..request("shape me", 48)
         };
-        let far = c.generate(far).await.expect("far").collect().await.expect("far reply");
+        let far = c
+            .generate(far)
+            .await
+            .expect("far")
+            .collect()
+            .await
+            .expect("far reply");
         assert_eq!(far.text, plain.text);
         assert!(
             far.chunk_times.len() * 4 <= plain.chunk_times.len(),
@@ -360,16 +524,29 @@ fn stream_options_shape_the_stream(mode: Mode) {
         );
 
         let spaced = v1::GenerateRequest {
-            stream_options: Some(v1::StreamOptions { max_buffer_size: 2, min_delay_ms: 25, network_rtt_ms: 0 }),
+            stream_options: Some(v1::StreamOptions {
+                max_buffer_size: 2,
+                min_delay_ms: 25,
+                network_rtt_ms: 0,
+            }),
             ..request("shape me", 12)
         };
-        let spaced = c.generate(spaced).await.expect("spaced").collect().await.expect("spaced reply");
+        let spaced = c
+            .generate(spaced)
+            .await
+            .expect("spaced")
+            .collect()
+            .await
+            .expect("spaced reply");
         let n = spaced.chunk_times.len();
         assert!(n >= 4, "{n} chunks");
         // The server spaces chunks >= 25 ms apart; the arrival span can only shrink by the
         // first chunk's network delay, so half the nominal span is a safe lower bound.
         let span = spaced.chunk_times[n - 1] - spaced.chunk_times[0];
-        assert!(span >= Duration::from_millis(25 * (n as u64 - 1) / 2), "{n} chunks in {span:?}");
+        assert!(
+            span >= Duration::from_millis(25 * (n as u64 - 1) / 2),
+            "{n} chunks in {span:?}"
+        );
     });
 }
 
@@ -379,7 +556,10 @@ fn a_client_that_disconnects_cancels_its_generation(mode: Mode) {
     }
     let env = TestEnv::new();
     let d = env.start(mode);
-    let metrics = engine_process(&d).metrics_addr.clone().expect("engine metrics");
+    let metrics = engine_process(&d)
+        .metrics_addr
+        .clone()
+        .expect("engine metrics");
     runtime().block_on(async {
         let c = client(&d.endpoint, Some(ACME_KEY));
         let mut stream = c.generate(slow_request()).await.expect("stream");
@@ -391,7 +571,10 @@ fn a_client_that_disconnects_cancels_its_generation(mode: Mode) {
                 let text = scrape(&metrics).await;
                 let line = text
                     .lines()
-                    .find(|l| l.starts_with("zerolayer_engine_finished_total{") && l.contains("reason=\"cancelled\""))?
+                    .find(|l| {
+                        l.starts_with("zerolayer_engine_finished_total{")
+                            && l.contains("reason=\"cancelled\"")
+                    })?
                     .to_owned();
                 let v: f64 = line.rsplit(' ').next()?.parse().ok()?;
                 let running = metric(&text, "zerolayer_running_sequences{")?;
@@ -400,7 +583,10 @@ fn a_client_that_disconnects_cancels_its_generation(mode: Mode) {
             .boxed()
         })
         .await;
-        assert!(cancelled.is_some(), "the engine did not record the cancellation");
+        assert!(
+            cancelled.is_some(),
+            "the engine did not record the cancellation"
+        );
     });
 }
 
@@ -412,8 +598,17 @@ fn the_buffered_bridge_returns_the_collected_stream(mode: Mode) {
     let d = env.start(mode);
     runtime().block_on(async {
         let c = client(&d.endpoint, Some(ACME_KEY));
-        let streamed = c.generate(request("bridge", 16)).await.expect("stream").collect().await.expect("reply");
-        let buffered = c.generate_buffered(request("bridge", 16)).await.expect("buffered");
+        let streamed = c
+            .generate(request("bridge", 16))
+            .await
+            .expect("stream")
+            .collect()
+            .await
+            .expect("reply");
+        let buffered = c
+            .generate_buffered(request("bridge", 16))
+            .await
+            .expect("buffered");
         assert_eq!(buffered.text, streamed.text);
         assert_eq!(buffered.token_ids, streamed.token_ids);
         let f = buffered.r#final.expect("final info");
@@ -434,14 +629,23 @@ fn probe_and_validate_answer_without_generating(mode: Mode) {
         assert_eq!(probe.mode, mode.as_str());
         assert!(probe.total_ns > 0);
         assert!(!probe.model.is_empty());
-        let v = c.validate(request("how much will this cost", 10)).await.expect("validate");
+        let v = c
+            .validate(request("how much will this cost", 10))
+            .await
+            .expect("validate");
         assert!(v.prompt_tokens > 0);
         assert_eq!(v.max_tokens, 10);
         assert!(v.context_window > v.prompt_tokens);
         assert!(v.estimated_flops > 0);
-        let err = c.validate(request("too long", 1_000_000)).await.expect_err("too long");
+        let err = c
+            .validate(request("too long", 1_000_000))
+            .await
+            .expect_err("too long");
         assert_eq!(err.reason, ErrorReason::ContextLengthExceeded, "{err}");
-        let err = c.validate(request(&format!("the {ACME_FORBIDDEN} is"), 4)).await.expect_err("forbidden");
+        let err = c
+            .validate(request(&format!("the {ACME_FORBIDDEN} is"), 4))
+            .await
+            .expect_err("forbidden");
         assert_eq!(err.reason, ErrorReason::SafetyViolation, "{err}");
         let err = expect_error(&c, request(&format!("the {ACME_FORBIDDEN} is"), 4)).await;
         assert_eq!(err.reason, ErrorReason::SafetyViolation, "{err}");

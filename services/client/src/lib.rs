@@ -46,14 +46,19 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// No retries at all (tests that must observe the first error).
     pub fn none() -> Self {
-        Self { max_attempts: 1, ..Self::default() }
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
     }
 
     /// Backoff before retry number `attempt` (1-based): exponential, capped, with "equal
     /// jitter" (half fixed, half random) so that clients that failed together spread out.
     /// A server's `retry-after-ms` hint raises it.
     pub fn backoff(&self, attempt: u32, hint: Option<Duration>) -> Duration {
-        let exp = self.initial_backoff.saturating_mul(1 << attempt.saturating_sub(1).min(16));
+        let exp = self
+            .initial_backoff
+            .saturating_mul(1 << attempt.saturating_sub(1).min(16));
         let base = exp.min(self.max_backoff);
         let jitter = base.mul_f64(0.5 * random_unit());
         (base / 2 + jitter).max(hint.unwrap_or_default())
@@ -143,11 +148,21 @@ impl ClientError {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .map(Duration::from_millis);
-        Self { reason, code: status.code(), message: status.message().to_owned(), retry_after }
+        Self {
+            reason,
+            code: status.code(),
+            message: status.message().to_owned(),
+            retry_after,
+        }
     }
 
     fn local(reason: ErrorReason, message: impl Into<String>) -> Self {
-        Self { reason, code: Code::Internal, message: message.into(), retry_after: None }
+        Self {
+            reason,
+            code: Code::Internal,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     /// True for errors worth retrying with backoff (`UNAVAILABLE`).
@@ -188,7 +203,12 @@ impl Client {
             .map_err(|_| ClientError::local(ErrorReason::InvalidRequest, "API key is not ASCII"))?;
         let inner = v1::inference_client::InferenceClient::new(channel.clone())
             .max_decoding_message_size(64 << 20);
-        Ok(Self { inner, channel, auth, retry: config.retry })
+        Ok(Self {
+            inner,
+            channel,
+            auth,
+            retry: config.retry,
+        })
     }
 
     /// Same connection sending `authorization` as given (a gateway forwarding its caller's
@@ -245,10 +265,18 @@ impl Client {
             .with_retries(|| {
                 let mut client = self.inner.clone();
                 let request = self.request(req.clone());
-                async move { client.generate(request).await.map(tonic::Response::into_inner) }
+                async move {
+                    client
+                        .generate(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
             })
             .await?;
-        Ok(ChunkStream { inner: stream, started })
+        Ok(ChunkStream {
+            inner: stream,
+            started,
+        })
     }
 
     /// `GenerateBuffered` (retried on `UNAVAILABLE`).
@@ -259,7 +287,12 @@ impl Client {
         self.with_retries(|| {
             let mut client = self.inner.clone();
             let request = self.request(req.clone());
-            async move { client.generate_buffered(request).await.map(tonic::Response::into_inner) }
+            async move {
+                client
+                    .generate_buffered(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
         })
         .await
     }
@@ -282,7 +315,12 @@ impl Client {
         self.with_retries(|| {
             let mut client = self.inner.clone();
             let request = self.request(req.clone());
-            async move { client.validate(request).await.map(tonic::Response::into_inner) }
+            async move {
+                client
+                    .validate(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
         })
         .await
     }
@@ -316,7 +354,10 @@ pub struct ChunkStream {
 impl ChunkStream {
     /// The next chunk; `None` after the last one.
     pub async fn next(&mut self) -> Option<Result<v1::GenerateChunk, ClientError>> {
-        self.inner.next().await.map(|r| r.map_err(|s| ClientError::from_status(&s)))
+        self.inner
+            .next()
+            .await
+            .map(|r| r.map_err(|s| ClientError::from_status(&s)))
     }
 
     /// When the call started.
@@ -376,12 +417,18 @@ pub struct TurnResult {
 impl TurnResult {
     /// Usage from the final chunk (zeros if absent).
     pub fn usage(&self) -> v1::Usage {
-        self.final_info.as_ref().and_then(|f| f.usage).unwrap_or_default()
+        self.final_info
+            .as_ref()
+            .and_then(|f| f.usage)
+            .unwrap_or_default()
     }
 
     /// Server timings from the final chunk (zeros if absent).
     pub fn timings(&self) -> v1::Timings {
-        self.final_info.as_ref().and_then(|f| f.timings).unwrap_or_default()
+        self.final_info
+            .as_ref()
+            .and_then(|f| f.timings)
+            .unwrap_or_default()
     }
 
     /// Cache outcome.
@@ -435,7 +482,8 @@ impl Conversation {
     /// Opens with a system prompt.
     #[must_use]
     pub fn with_system(mut self, text: impl Into<String>) -> Self {
-        self.messages.insert(0, message(v1::Role::System, text.into()));
+        self.messages
+            .insert(0, message(v1::Role::System, text.into()));
         self
     }
 
@@ -476,8 +524,11 @@ impl Conversation {
     }
 
     fn request(&self, pending: &v1::Message, delta: bool) -> v1::GenerateRequest {
-        let mut messages: Vec<v1::Message> =
-            if delta { self.messages[self.synced..].to_vec() } else { self.messages.clone() };
+        let mut messages: Vec<v1::Message> = if delta {
+            self.messages[self.synced..].to_vec()
+        } else {
+            self.messages.clone()
+        };
         messages.push(pending.clone());
         v1::GenerateRequest {
             messages,
@@ -498,7 +549,11 @@ impl Conversation {
         let use_delta = self.delta && !self.handle.is_empty();
         let mut resent_full = false;
         let started = Instant::now();
-        let stream = match self.client.generate(self.request(&pending, use_delta)).await {
+        let stream = match self
+            .client
+            .generate(self.request(&pending, use_delta))
+            .await
+        {
             Err(e) if use_delta && e.reason == ErrorReason::ContextEvicted => {
                 tracing::debug!("context evicted: resending the full transcript");
                 resent_full = true;
@@ -513,7 +568,8 @@ impl Conversation {
         turn.e2e += offset;
         turn.ttft = turn.ttft.map(|t| t + offset);
         self.messages.push(pending);
-        self.messages.push(message(v1::Role::Assistant, turn.text.clone()));
+        self.messages
+            .push(message(v1::Role::Assistant, turn.text.clone()));
         if let Some(f) = &turn.final_info {
             self.handle = f.context_handle.clone();
         }
@@ -523,7 +579,10 @@ impl Conversation {
 }
 
 fn message(role: v1::Role, content: String) -> v1::Message {
-    v1::Message { role: role as i32, content }
+    v1::Message {
+        role: role as i32,
+        content,
+    }
 }
 
 #[cfg(test)]
@@ -540,7 +599,10 @@ mod tests {
         for attempt in 1..10 {
             let b = p.backoff(attempt, None);
             let base = Duration::from_millis(100 * (1 << (attempt - 1))).min(p.max_backoff);
-            assert!(b >= base / 2 && b <= base, "attempt {attempt}: {b:?} vs {base:?}");
+            assert!(
+                b >= base / 2 && b <= base,
+                "attempt {attempt}: {b:?} vs {base:?}"
+            );
         }
         assert!(p.backoff(1, Some(Duration::from_secs(3))) >= Duration::from_secs(3));
     }
@@ -548,8 +610,12 @@ mod tests {
     #[test]
     fn errors_read_their_reason_from_metadata_or_code() {
         let mut s = Status::failed_precondition("gone");
-        s.metadata_mut().insert(ERROR_REASON_METADATA, MetadataValue::from_static("CONTEXT_EVICTED"));
-        s.metadata_mut().insert(RETRY_AFTER_METADATA, MetadataValue::from_static("250"));
+        s.metadata_mut().insert(
+            ERROR_REASON_METADATA,
+            MetadataValue::from_static("CONTEXT_EVICTED"),
+        );
+        s.metadata_mut()
+            .insert(RETRY_AFTER_METADATA, MetadataValue::from_static("250"));
         let e = ClientError::from_status(&s);
         assert_eq!(e.reason, ErrorReason::ContextEvicted);
         assert_eq!(e.retry_after, Some(Duration::from_millis(250)));

@@ -31,7 +31,9 @@ pub const MAX_HANDLE_BYTES: usize = 128;
 /// when the client sent none.
 pub fn generate_request(req: v1::GenerateRequest) -> Result<GenerateRequest, ApiError> {
     if req.messages.is_empty() {
-        return Err(ApiError::invalid("messages: at least one message is required"));
+        return Err(ApiError::invalid(
+            "messages: at least one message is required",
+        ));
     }
     if req.messages.len() > MAX_MESSAGES {
         return Err(ApiError::invalid(format!(
@@ -52,7 +54,9 @@ pub fn generate_request(req: v1::GenerateRequest) -> Result<GenerateRequest, Api
             Ok(v1::Role::User) => Role::User,
             Ok(v1::Role::Assistant) => Role::Assistant,
             Ok(v1::Role::Unspecified) | Err(_) => {
-                return Err(ApiError::invalid(format!("messages[{i}].role: missing or unknown")));
+                return Err(ApiError::invalid(format!(
+                    "messages[{i}].role: missing or unknown"
+                )));
             }
         };
         if role == Role::System && (i > 0 || req.delta) {
@@ -60,16 +64,24 @@ pub fn generate_request(req: v1::GenerateRequest) -> Result<GenerateRequest, Api
                 "messages[{i}]: a system message may only open a full transcript"
             )));
         }
-        messages.push(Message { role, content: m.content });
+        messages.push(Message {
+            role,
+            content: m.content,
+        });
     }
     if req.context_handle.len() > MAX_HANDLE_BYTES {
         return Err(ApiError::new(
             zerolayer_engine::api::ErrorReason::InvalidHandle,
-            format!("context_handle: {} bytes exceed {MAX_HANDLE_BYTES}", req.context_handle.len()),
+            format!(
+                "context_handle: {} bytes exceed {MAX_HANDLE_BYTES}",
+                req.context_handle.len()
+            ),
         ));
     }
     if req.delta && req.context_handle.is_empty() {
-        return Err(ApiError::invalid("delta: delta mode requires a context_handle"));
+        return Err(ApiError::invalid(
+            "delta: delta mode requires a context_handle",
+        ));
     }
     let truncation = match v1::TruncationPolicy::try_from(req.truncation) {
         Ok(v1::TruncationPolicy::Reject) => Truncation::Reject,
@@ -79,7 +91,14 @@ pub fn generate_request(req: v1::GenerateRequest) -> Result<GenerateRequest, Api
     let sampling = sampling_options(req.sampling.unwrap_or_default())?;
     let request_id = request_id(req.request_id)?;
     let handle = (!req.context_handle.is_empty()).then(|| req.context_handle.to_vec());
-    Ok(GenerateRequest { messages, handle, delta: req.delta, sampling, truncation, request_id })
+    Ok(GenerateRequest {
+        messages,
+        handle,
+        delta: req.delta,
+        sampling,
+        truncation,
+        request_id,
+    })
 }
 
 fn sampling_options(s: v1::SamplingParams) -> Result<SamplingOptions, ApiError> {
@@ -94,7 +113,9 @@ fn sampling_options(s: v1::SamplingParams) -> Result<SamplingOptions, ApiError> 
     }
     let top_p = s.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(format!("sampling.top_p: {top_p} is outside (0, 1]")));
+        return Err(ApiError::invalid(format!(
+            "sampling.top_p: {top_p} is outside (0, 1]"
+        )));
     }
     if s.stop.len() > MAX_STOP_SEQUENCES {
         return Err(ApiError::invalid(format!(
@@ -102,7 +123,11 @@ fn sampling_options(s: v1::SamplingParams) -> Result<SamplingOptions, ApiError> 
             s.stop.len()
         )));
     }
-    if let Some(bad) = s.stop.iter().find(|x| x.is_empty() || x.len() > MAX_STOP_BYTES) {
+    if let Some(bad) = s
+        .stop
+        .iter()
+        .find(|x| x.is_empty() || x.len() > MAX_STOP_BYTES)
+    {
         return Err(ApiError::invalid(format!(
             "sampling.stop: each sequence must be 1..={MAX_STOP_BYTES} bytes (got {})",
             bad.len()
@@ -157,7 +182,7 @@ pub fn context_update(c: &ContextState) -> v1::ContextUpdate {
 /// Protobuf form of a final event.
 pub fn final_info(f: &FinalInfo) -> v1::FinalInfo {
     v1::FinalInfo {
-        context_handle: f.handle.clone().unwrap_or_default().into(),
+        context_handle: f.handle.clone().unwrap_or_default(),
         finish_reason: finish_reason(f.finish_reason) as i32,
         usage: Some(usage(&f.usage)),
         timings: Some(timings(&f.timings)),
@@ -207,7 +232,11 @@ fn timings(t: &Timings) -> v1::Timings {
 /// One chunk per engine event, unshaped (see [`crate::shaping`] for per-request shaping).
 pub fn chunk_of_event(event: &Event) -> v1::GenerateChunk {
     match event {
-        Event::Tokens { text, token_ids, context } => v1::GenerateChunk {
+        Event::Tokens {
+            text,
+            token_ids,
+            context,
+        } => v1::GenerateChunk {
             text: text.clone(),
             token_ids: token_ids.clone(),
             context: Some(context_update(context)),
@@ -282,11 +311,17 @@ mod tests {
     use zerolayer_engine::api::ErrorReason;
 
     fn user(text: &str) -> v1::Message {
-        v1::Message { role: v1::Role::User as i32, content: text.into() }
+        v1::Message {
+            role: v1::Role::User as i32,
+            content: text.into(),
+        }
     }
 
     fn request(messages: Vec<v1::Message>) -> v1::GenerateRequest {
-        v1::GenerateRequest { messages, ..Default::default() }
+        v1::GenerateRequest {
+            messages,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -303,10 +338,28 @@ mod tests {
     fn invalid_fields_are_rejected_with_invalid_request_naming_the_field() {
         let cases: Vec<(v1::GenerateRequest, &str)> = vec![
             (request(vec![]), "messages"),
-            (request(vec![v1::Message { role: 0, content: "x".into() }]), "role"),
-            (request(vec![v1::Message { role: 99, content: "x".into() }]), "role"),
             (
-                request(vec![user("a"), v1::Message { role: 1, content: "sys".into() }]),
+                request(vec![v1::Message {
+                    role: 0,
+                    content: "x".into(),
+                }]),
+                "role",
+            ),
+            (
+                request(vec![v1::Message {
+                    role: 99,
+                    content: "x".into(),
+                }]),
+                "role",
+            ),
+            (
+                request(vec![
+                    user("a"),
+                    v1::Message {
+                        role: 1,
+                        content: "sys".into(),
+                    },
+                ]),
                 "system",
             ),
             (
@@ -331,14 +384,20 @@ mod tests {
             ),
             (
                 v1::GenerateRequest {
-                    sampling: Some(v1::SamplingParams { top_p: Some(0.0), ..Default::default() }),
+                    sampling: Some(v1::SamplingParams {
+                        top_p: Some(0.0),
+                        ..Default::default()
+                    }),
                     ..request(vec![user("a")])
                 },
                 "top_p",
             ),
             (
                 v1::GenerateRequest {
-                    sampling: Some(v1::SamplingParams { top_p: Some(1.5), ..Default::default() }),
+                    sampling: Some(v1::SamplingParams {
+                        top_p: Some(1.5),
+                        ..Default::default()
+                    }),
                     ..request(vec![user("a")])
                 },
                 "top_p",
@@ -363,13 +422,31 @@ mod tests {
                 },
                 "stop",
             ),
-            (v1::GenerateRequest { delta: true, ..request(vec![user("a")]) }, "delta"),
             (
-                v1::GenerateRequest { request_id: "bad id".into(), ..request(vec![user("a")]) },
+                v1::GenerateRequest {
+                    delta: true,
+                    ..request(vec![user("a")])
+                },
+                "delta",
+            ),
+            (
+                v1::GenerateRequest {
+                    request_id: "bad id".into(),
+                    ..request(vec![user("a")])
+                },
                 "request_id",
             ),
-            (v1::GenerateRequest { truncation: 7, ..request(vec![user("a")]) }, "truncation"),
-            (request(vec![user(&"x".repeat(MAX_CONTENT_BYTES + 1))]), "bytes"),
+            (
+                v1::GenerateRequest {
+                    truncation: 7,
+                    ..request(vec![user("a")])
+                },
+                "truncation",
+            ),
+            (
+                request(vec![user(&"x".repeat(MAX_CONTENT_BYTES + 1))]),
+                "bytes",
+            ),
         ];
         for (req, field) in cases {
             let err = generate_request(req).expect_err(field);
@@ -381,17 +458,30 @@ mod tests {
     #[test]
     fn an_oversized_handle_is_an_invalid_handle() {
         let req = v1::GenerateRequest {
-            context_handle: vec![0u8; MAX_HANDLE_BYTES + 1].into(),
+            context_handle: vec![0u8; MAX_HANDLE_BYTES + 1],
             ..request(vec![user("a")])
         };
-        assert_eq!(generate_request(req).expect_err("too long").reason, ErrorReason::InvalidHandle);
+        assert_eq!(
+            generate_request(req).expect_err("too long").reason,
+            ErrorReason::InvalidHandle
+        );
     }
 
     #[test]
     fn buffered_collector_concatenates_chunks_and_requires_a_final_chunk() {
         let mut c = BufferedCollector::default();
-        c.push(v1::GenerateChunk { text: "a".into(), token_ids: vec![1], ..Default::default() });
-        assert!(BufferedCollector { response: c.response.clone() }.finish().is_err());
+        c.push(v1::GenerateChunk {
+            text: "a".into(),
+            token_ids: vec![1],
+            ..Default::default()
+        });
+        assert!(
+            BufferedCollector {
+                response: c.response.clone()
+            }
+            .finish()
+            .is_err()
+        );
         c.push(v1::GenerateChunk {
             text: "b".into(),
             token_ids: vec![2],

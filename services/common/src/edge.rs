@@ -63,13 +63,19 @@ struct RpcGuard {
 impl RpcGuard {
     fn new(metrics: Arc<ServiceMetrics>, rpc: &'static str, started: Instant) -> Self {
         metrics.in_flight.inc();
-        Self { metrics, rpc, started, done: false }
+        Self {
+            metrics,
+            rpc,
+            started,
+            done: false,
+        }
     }
 
     fn finish(&mut self, outcome: &'static str) {
         if !self.done {
             self.done = true;
-            self.metrics.finished(self.rpc, outcome, self.started.elapsed());
+            self.metrics
+                .finished(self.rpc, outcome, self.started.elapsed());
         }
     }
 }
@@ -90,7 +96,9 @@ impl Edge {
         started: Instant,
         metadata: &MetadataMap,
     ) -> Result<Arc<TenantPolicy>, Status> {
-        self.tenants.authenticate(metadata).map_err(|e| self.fail(rpc, started, e))
+        self.tenants
+            .authenticate(metadata)
+            .map_err(|e| self.fail(rpc, started, e))
     }
 
     /// Admits a generation of `tenant` reserving its `max_tokens` (or the default).
@@ -109,7 +117,8 @@ impl Edge {
     /// Records a failed RPC and converts the error into its status.
     pub fn fail(&self, rpc: &'static str, started: Instant, err: ApiError) -> Status {
         tracing::debug!(rpc, reason = %err.reason, message = %err.message, "request failed");
-        self.metrics.finished(rpc, err.reason.as_str(), started.elapsed());
+        self.metrics
+            .finished(rpc, err.reason.as_str(), started.elapsed());
         err.into_status()
     }
 
@@ -172,7 +181,9 @@ impl Edge {
                             );
                             if let Some(a) = st.admission.take() {
                                 a.settle(
-                                    usage.prefilled_prompt_tokens.saturating_add(usage.generated_tokens),
+                                    usage
+                                        .prefilled_prompt_tokens
+                                        .saturating_add(usage.generated_tokens),
                                 );
                             }
                             st.guard.finish("ok");
@@ -196,6 +207,24 @@ impl Edge {
             }
         })
     }
+}
+
+/// Waits for a stream's first item so that an error found before generation starts ends
+/// the call with an error status (a trailers-only response) instead of a stream whose first
+/// message is an error. Returns the stream with the first item put back.
+pub async fn first_or_error<S, C>(
+    mut stream: S,
+) -> Result<impl Stream<Item = Result<C, ApiError>> + Send + Unpin + 'static, ApiError>
+where
+    S: Stream<Item = Result<C, ApiError>> + Send + Unpin + 'static,
+    C: Send + 'static,
+{
+    let first = match stream.next().await {
+        Some(Ok(chunk)) => Some(Ok(chunk)),
+        Some(Err(e)) => return Err(e),
+        None => None,
+    };
+    Ok(futures::stream::iter(first).chain(stream))
 }
 
 fn secs(d: Duration) -> f64 {
@@ -238,12 +267,24 @@ mod tests {
     #[tokio::test]
     async fn a_complete_stream_is_counted_ok_with_usage_and_ttft() {
         let (edge, registry) = edge();
-        let tenant = edge.authenticate("generate", Instant::now(), &MetadataMap::new()).expect("dev");
-        let admission = edge.admit("generate", Instant::now(), &tenant, Some(4)).expect("admit");
-        let items: Vec<Result<v1::GenerateChunk, ApiError>> =
-            vec![Ok(chunk(&[1], false)), Ok(chunk(&[2], false)), Ok(chunk(&[], true))];
+        let tenant = edge
+            .authenticate("generate", Instant::now(), &MetadataMap::new())
+            .expect("dev");
+        let admission = edge
+            .admit("generate", Instant::now(), &tenant, Some(4))
+            .expect("admit");
+        let items: Vec<Result<v1::GenerateChunk, ApiError>> = vec![
+            Ok(chunk(&[1], false)),
+            Ok(chunk(&[2], false)),
+            Ok(chunk(&[], true)),
+        ];
         let out: Vec<_> = edge
-            .instrument("generate", Instant::now(), admission, futures::stream::iter(items))
+            .instrument(
+                "generate",
+                Instant::now(),
+                admission,
+                futures::stream::iter(items),
+            )
             .collect()
             .await;
         assert_eq!(out.len(), 3);
@@ -259,11 +300,20 @@ mod tests {
     #[tokio::test]
     async fn a_stream_without_final_chunk_ends_with_internal() {
         let (edge, registry) = edge();
-        let tenant = edge.authenticate("generate", Instant::now(), &MetadataMap::new()).expect("dev");
-        let admission = edge.admit("generate", Instant::now(), &tenant, None).expect("admit");
+        let tenant = edge
+            .authenticate("generate", Instant::now(), &MetadataMap::new())
+            .expect("dev");
+        let admission = edge
+            .admit("generate", Instant::now(), &tenant, None)
+            .expect("admit");
         let items: Vec<Result<v1::GenerateChunk, ApiError>> = vec![Ok(chunk(&[1], false))];
         let out: Vec<_> = edge
-            .instrument("generate", Instant::now(), admission, futures::stream::iter(items))
+            .instrument(
+                "generate",
+                Instant::now(),
+                admission,
+                futures::stream::iter(items),
+            )
             .collect()
             .await;
         let status = out.last().expect("two items").as_ref().expect_err("error");
@@ -274,8 +324,12 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_stream_counts_as_cancelled_and_frees_its_admission() {
         let (edge, registry) = edge();
-        let tenant = edge.authenticate("generate", Instant::now(), &MetadataMap::new()).expect("dev");
-        let admission = edge.admit("generate", Instant::now(), &tenant, None).expect("admit");
+        let tenant = edge
+            .authenticate("generate", Instant::now(), &MetadataMap::new())
+            .expect("dev");
+        let admission = edge
+            .admit("generate", Instant::now(), &tenant, None)
+            .expect("admit");
         let stream = edge.instrument(
             "generate",
             Instant::now(),
@@ -286,22 +340,4 @@ mod tests {
         assert!(render(&registry).contains(r#"outcome="CANCELLED"} 1"#));
         assert_eq!(edge.limiter.in_flight(), 0);
     }
-}
-
-/// Waits for a stream's first item so that an error found before generation starts ends
-/// the call with an error status (a trailers-only response) instead of a stream whose first
-/// message is an error. Returns the stream with the first item put back.
-pub async fn first_or_error<S, C>(
-    mut stream: S,
-) -> Result<impl Stream<Item = Result<C, ApiError>> + Send + Unpin + 'static, ApiError>
-where
-    S: Stream<Item = Result<C, ApiError>> + Send + Unpin + 'static,
-    C: Send + 'static,
-{
-    let first = match stream.next().await {
-        Some(Ok(chunk)) => Some(Ok(chunk)),
-        Some(Err(e)) => return Err(e),
-        None => None,
-    };
-    Ok(futures::stream::iter(first).chain(stream))
 }

@@ -28,7 +28,11 @@ pub struct ApiError {
 impl ApiError {
     /// An error with no retry hint.
     pub fn new(reason: ErrorReason, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into(), retry_after: None }
+        Self {
+            reason,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     /// Shorthand for [`ErrorReason::InvalidRequest`].
@@ -57,7 +61,10 @@ impl ApiError {
         );
         let mut status = Status::with_error_details(grpc_code(self.reason), self.message, details);
         let metadata = status.metadata_mut();
-        metadata.insert(ERROR_REASON_METADATA, MetadataValue::from_static(self.reason.as_str()));
+        metadata.insert(
+            ERROR_REASON_METADATA,
+            MetadataValue::from_static(self.reason.as_str()),
+        );
         if let Some(after) = self.retry_after {
             let millis = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
             metadata.insert(RETRY_AFTER_METADATA, MetadataValue::from(millis));
@@ -75,7 +82,11 @@ impl ApiError {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis);
-        Self { reason, message: status.message().to_owned(), retry_after }
+        Self {
+            reason,
+            message: status.message().to_owned(),
+            retry_after,
+        }
     }
 }
 
@@ -99,15 +110,17 @@ pub fn reason_of(status: &Status) -> ErrorReason {
             .filter(|info| info.domain == ERROR_DOMAIN)
             .and_then(|info| parse_reason(&info.reason))
     };
-    from_metadata.or_else(from_details).unwrap_or_else(|| match status.code() {
-        Code::Unauthenticated => ErrorReason::Unauthenticated,
-        Code::InvalidArgument | Code::OutOfRange => ErrorReason::InvalidRequest,
-        Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded => {
-            ErrorReason::EngineUnavailable
-        }
-        Code::ResourceExhausted => ErrorReason::Overloaded,
-        _ => ErrorReason::Internal,
-    })
+    from_metadata
+        .or_else(from_details)
+        .unwrap_or_else(|| match status.code() {
+            Code::Unauthenticated => ErrorReason::Unauthenticated,
+            Code::InvalidArgument | Code::OutOfRange => ErrorReason::InvalidRequest,
+            Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded => {
+                ErrorReason::EngineUnavailable
+            }
+            Code::ResourceExhausted => ErrorReason::Overloaded,
+            _ => ErrorReason::Internal,
+        })
 }
 
 /// Parses a wire name such as `CONTEXT_EVICTED`.
@@ -152,8 +165,8 @@ mod tests {
     #[test]
     fn every_reason_survives_a_round_trip_through_a_status() {
         for reason in ErrorReason::ALL {
-            let err = ApiError::new(reason, "explanation")
-                .with_retry_after(Duration::from_millis(1500));
+            let err =
+                ApiError::new(reason, "explanation").with_retry_after(Duration::from_millis(1500));
             let status = err.clone().into_status();
             assert_eq!(status.code(), grpc_code(reason));
             assert_eq!(ApiError::from_status(&status), err);
@@ -173,8 +186,14 @@ mod tests {
 
     #[test]
     fn foreign_statuses_get_a_reason_from_their_code() {
-        assert_eq!(reason_of(&Status::unavailable("down")), ErrorReason::EngineUnavailable);
-        assert_eq!(reason_of(&Status::unauthenticated("who")), ErrorReason::Unauthenticated);
+        assert_eq!(
+            reason_of(&Status::unavailable("down")),
+            ErrorReason::EngineUnavailable
+        );
+        assert_eq!(
+            reason_of(&Status::unauthenticated("who")),
+            ErrorReason::Unauthenticated
+        );
         assert_eq!(reason_of(&Status::unknown("?")), ErrorReason::Internal);
     }
 

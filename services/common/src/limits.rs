@@ -80,7 +80,10 @@ impl Limiter {
         if self.in_flight.load(Ordering::Relaxed) >= self.max_in_flight {
             return Err(ApiError::new(
                 ErrorReason::Overloaded,
-                format!("server is shedding load: {} requests in flight", self.max_in_flight),
+                format!(
+                    "server is shedding load: {} requests in flight",
+                    self.max_in_flight
+                ),
             )
             .with_retry_after(Duration::from_millis(100)));
         }
@@ -88,11 +91,13 @@ impl Limiter {
         // the numbers are still usable.
         let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let state = tenants.entry(policy.name.clone()).or_insert_with(|| TenantState {
-            tokens: policy.burst(),
-            refilled: now,
-            in_flight: 0,
-        });
+        let state = tenants
+            .entry(policy.name.clone())
+            .or_insert_with(|| TenantState {
+                tokens: policy.burst(),
+                refilled: now,
+                in_flight: 0,
+            });
         if policy.max_concurrency > 0 && state.in_flight >= policy.max_concurrency {
             return Err(ApiError::new(
                 ErrorReason::RateLimitExceeded,
@@ -155,7 +160,8 @@ impl Admission {
     /// Charges the real cost (prefilled + generated tokens) and releases the request.
     pub fn settle(mut self, cost_tokens: u32) {
         self.settled = true;
-        self.limiter.release(&self.policy, self.reserved, Some(f64::from(cost_tokens)));
+        self.limiter
+            .release(&self.policy, self.reserved, Some(f64::from(cost_tokens)));
     }
 
     /// The tenant this admission belongs to.
@@ -225,7 +231,10 @@ mod tests {
         let limiter = Limiter::new(1);
         let p = policy(0.0, 0, 0);
         let _a = limiter.admit(&p, 1).expect("first");
-        assert_eq!(limiter.admit(&p, 1).expect_err("shed").reason, ErrorReason::Overloaded);
+        assert_eq!(
+            limiter.admit(&p, 1).expect_err("shed").reason,
+            ErrorReason::Overloaded
+        );
         assert_eq!(limiter.in_flight(), 1);
     }
 }

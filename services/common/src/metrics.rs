@@ -85,7 +85,11 @@ impl ServiceMetrics {
             prompt_tokens: Family::default(),
             generated_tokens: Counter::default(),
         };
-        registry.register("requests", "Finished RPCs by name and outcome", m.requests.clone());
+        registry.register(
+            "requests",
+            "Finished RPCs by name and outcome",
+            m.requests.clone(),
+        );
         registry.register("requests_in_flight", "RPCs in flight", m.in_flight.clone());
         registry.register(
             "time_to_first_token_seconds",
@@ -97,23 +101,43 @@ impl ServiceMetrics {
             "Spacing between consecutive chunks of a stream",
             m.inter_token.clone(),
         );
-        registry.register("request_duration_seconds", "Whole RPC duration", m.duration.clone());
-        registry.register("prompt_tokens", "Prompt tokens by source", m.prompt_tokens.clone());
-        registry.register("generated_tokens", "Generated tokens", m.generated_tokens.clone());
+        registry.register(
+            "request_duration_seconds",
+            "Whole RPC duration",
+            m.duration.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens by source",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "generated_tokens",
+            "Generated tokens",
+            m.generated_tokens.clone(),
+        );
         Arc::new(m)
     }
 
     /// Counts one finished RPC.
     pub fn finished(&self, rpc: &'static str, outcome: &'static str, elapsed: Duration) {
-        self.requests.get_or_create(&RpcLabels { rpc, outcome }).inc();
-        self.duration.get_or_create(&RpcOnly { rpc }).observe(elapsed.as_secs_f64());
+        self.requests
+            .get_or_create(&RpcLabels { rpc, outcome })
+            .inc();
+        self.duration
+            .get_or_create(&RpcOnly { rpc })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Counts the token usage of a finished generation.
     pub fn usage(&self, cached: u32, prefilled: u32, generated: u32) {
-        self.prompt_tokens.get_or_create(&TokenLabels { source: "cached" }).inc_by(cached.into());
         self.prompt_tokens
-            .get_or_create(&TokenLabels { source: "prefilled" })
+            .get_or_create(&TokenLabels { source: "cached" })
+            .inc_by(cached.into());
+        self.prompt_tokens
+            .get_or_create(&TokenLabels {
+                source: "prefilled",
+            })
             .inc_by(prefilled.into());
         self.generated_tokens.inc_by(generated.into());
     }
@@ -123,7 +147,11 @@ impl ServiceMetrics {
 pub fn new_registry(service: &'static str) -> Registry {
     Registry::with_prefix_and_labels(
         "zerolayer",
-        [(std::borrow::Cow::Borrowed("service"), std::borrow::Cow::Borrowed(service))].into_iter(),
+        [(
+            std::borrow::Cow::Borrowed("service"),
+            std::borrow::Cow::Borrowed(service),
+        )]
+        .into_iter(),
     )
 }
 
@@ -175,7 +203,9 @@ pub async fn serve_metrics(
                 }
             }),
         );
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 #[cfg(test)]
@@ -198,7 +228,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"outcome="RATE_LIMIT_EXCEEDED""#), "{text}");
-        assert!(text.contains(r#"zerolayer_prompt_tokens_total{service="front",source="cached"} 10"#));
+        assert!(
+            text.contains(r#"zerolayer_prompt_tokens_total{service="front",source="cached"} 10"#)
+        );
         assert!(text.contains("zerolayer_time_to_first_token_seconds_bucket"));
         assert!(text.contains("zerolayer_generated_tokens_total{service=\"front\"} 7"));
     }
@@ -208,19 +240,28 @@ mod tests {
         let mut registry = new_registry("test");
         let m = ServiceMetrics::register(&mut registry);
         m.generated_tokens.inc();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let ready = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_metrics(listener, Arc::new(registry), ready.clone(), async {
-            let _ = rx.await;
-        }));
+        let server = tokio::spawn(serve_metrics(
+            listener,
+            Arc::new(registry),
+            ready.clone(),
+            async {
+                let _ = rx.await;
+            },
+        ));
         let get = |path: &'static str| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-                .await
-                .expect("write");
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .expect("write");
             let mut out = String::new();
             s.read_to_string(&mut out).await.expect("read");
             out
@@ -228,7 +269,11 @@ mod tests {
         assert!(get("/healthz").await.starts_with("HTTP/1.1 503"));
         ready.store(true, Ordering::Relaxed);
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
-        assert!(get("/metrics").await.contains("zerolayer_generated_tokens_total"));
+        assert!(
+            get("/metrics")
+                .await
+                .contains("zerolayer_generated_tokens_total")
+        );
         tx.send(()).expect("server alive");
         server.await.expect("join").expect("serve");
     }

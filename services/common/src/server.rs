@@ -45,9 +45,15 @@ impl Lifecycle {
 
     /// Reports SERVING (prints the ready line the first time) or NOT_SERVING.
     pub async fn set_serving(&self, serving: bool) {
-        let status = if serving { ServingStatus::Serving } else { ServingStatus::NotServing };
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
         self.health.set_service_status("", status).await;
-        self.health.set_service_status(INFERENCE_SERVICE, status).await;
+        self.health
+            .set_service_status(INFERENCE_SERVICE, status)
+            .await;
         let was = self.ready.swap(serving, Ordering::Relaxed);
         if serving && !was {
             print_line(&format!("zerolayer ready service={}", self.service));
@@ -104,9 +110,19 @@ pub async fn bind(config: ServeConfig) -> std::io::Result<Bound> {
     };
     let metrics_addr = metrics.as_ref().map(TcpListener::local_addr).transpose()?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    let lifecycle = Lifecycle { service: config.service, health, ready: Arc::new(AtomicBool::new(false)) };
-    lifecycle.health.set_service_status("", ServingStatus::NotServing).await;
-    lifecycle.health.set_service_status(INFERENCE_SERVICE, ServingStatus::NotServing).await;
+    let lifecycle = Lifecycle {
+        service: config.service,
+        health,
+        ready: Arc::new(AtomicBool::new(false)),
+    };
+    lifecycle
+        .health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    lifecycle
+        .health
+        .set_service_status(INFERENCE_SERVICE, ServingStatus::NotServing)
+        .await;
     print_line(&format!(
         "zerolayer listening service={} grpc={grpc_addr} metrics={}",
         config.service,
@@ -114,7 +130,15 @@ pub async fn bind(config: ServeConfig) -> std::io::Result<Bound> {
     ));
     tracing::info!(service = config.service, %grpc_addr, ?metrics_addr, "listening");
     let base_routes = Routes::new(health_service);
-    Ok(Bound { config, grpc, metrics, grpc_addr, metrics_addr, lifecycle, base_routes })
+    Ok(Bound {
+        config,
+        grpc,
+        metrics,
+        grpc_addr,
+        metrics_addr,
+        lifecycle,
+        base_routes,
+    })
 }
 
 impl Bound {
@@ -175,7 +199,10 @@ impl Bound {
         );
 
         shutdown.await;
-        tracing::info!(service = self.config.service, "shutting down: draining in-flight streams");
+        tracing::info!(
+            service = self.config.service,
+            "shutting down: draining in-flight streams"
+        );
         self.lifecycle.set_serving(false).await;
         let _ = stop_tx.send(true);
         let result = match tokio::time::timeout(self.config.drain_timeout, server).await {
@@ -195,7 +222,10 @@ impl Bound {
         if let Some(task) = metrics_task {
             task.abort();
         }
-        print_line(&format!("zerolayer stopped service={}", self.config.service));
+        print_line(&format!(
+            "zerolayer stopped service={}",
+            self.config.service
+        ));
         result
     }
 }
@@ -205,7 +235,10 @@ pub async fn termination_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
                     _ = term.recv() => tracing::info!("SIGTERM received"),

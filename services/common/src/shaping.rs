@@ -38,7 +38,9 @@ pub struct ShapeOptions {
 impl ShapeOptions {
     /// Effective options of a request's `stream_options`.
     pub fn from_proto(opts: Option<&v1::StreamOptions>) -> Self {
-        let Some(o) = opts else { return Self::default() };
+        let Some(o) = opts else {
+            return Self::default();
+        };
         let spacing_ms = o.min_delay_ms.max(o.network_rtt_ms / 2);
         Self {
             max_buffer_size: o.max_buffer_size as usize,
@@ -90,14 +92,19 @@ impl Shaper {
     /// Adds an engine event.
     pub fn push(&mut self, event: Event) {
         match event {
-            Event::Tokens { text, token_ids, context } => {
+            Event::Tokens {
+                text,
+                token_ids,
+                context,
+            } => {
                 self.text.push_str(&text);
                 let end = self.text.len();
-                self.tokens.extend(token_ids.into_iter().map(|id| PendingToken {
-                    id,
-                    text_end: end,
-                    context,
-                }));
+                self.tokens
+                    .extend(token_ids.into_iter().map(|id| PendingToken {
+                        id,
+                        text_end: end,
+                        context,
+                    }));
                 self.context = context;
             }
             Event::Finished(f) => {
@@ -167,7 +174,11 @@ impl Shaper {
             t.text_end -= cut;
         }
         let is_last = self.text.is_empty() && self.tokens.is_empty();
-        let final_info = if is_last { self.final_info.take() } else { None };
+        let final_info = if is_last {
+            self.final_info.take()
+        } else {
+            None
+        };
         self.final_sent |= final_info.is_some();
         let context = match (&final_info, context) {
             (Some(f), _) => f.context,
@@ -190,7 +201,10 @@ fn final_info_proto(f: &FinalInfo) -> v1::FinalInfo {
 /// Shapes a stream of engine events into protobuf chunks. Errors pass through immediately
 /// (pending text is dropped: the stream failed). With passthrough options every event
 /// becomes one chunk without timers.
-pub fn shape<S, E>(events: S, opts: ShapeOptions) -> impl Stream<Item = Result<v1::GenerateChunk, E>>
+pub fn shape<S, E>(
+    events: S,
+    opts: ShapeOptions,
+) -> impl Stream<Item = Result<v1::GenerateChunk, E>>
 where
     S: Stream<Item = Result<Event, E>> + Send + Unpin + 'static,
     E: Send + 'static,
@@ -200,7 +214,11 @@ where
         shaper: Shaper,
         ready: VecDeque<v1::GenerateChunk>,
     }
-    let state = State { events: Some(events), shaper: Shaper::new(opts), ready: VecDeque::new() };
+    let state = State {
+        events: Some(events),
+        shaper: Shaper::new(opts),
+        ready: VecDeque::new(),
+    };
     futures::stream::unfold(state, move |mut st| async move {
         loop {
             if let Some(chunk) = st.ready.pop_front() {
@@ -230,7 +248,11 @@ where
                 None => st.ready.extend(st.shaper.take_ready(Instant::now())),
                 Some(Some(Ok(event))) => {
                     st.shaper.push(event);
-                    if st.shaper.next_deadline().is_some_and(|d| d <= Instant::now()) {
+                    if st
+                        .shaper
+                        .next_deadline()
+                        .is_some_and(|d| d <= Instant::now())
+                    {
                         st.ready.extend(st.shaper.take_ready(Instant::now()));
                     }
                 }
@@ -255,7 +277,10 @@ mod tests {
         Event::Tokens {
             text: text.into(),
             token_ids: vec![id],
-            context: ContextState { generated_tokens: generated, ..Default::default() },
+            context: ContextState {
+                generated_tokens: generated,
+                ..Default::default()
+            },
         }
     }
 
@@ -267,7 +292,10 @@ mod tests {
             timings: Timings::default(),
             reuse: ReuseOutcome::New,
             session_id: 9,
-            context: ContextState { generated_tokens: generated, ..Default::default() },
+            context: ContextState {
+                generated_tokens: generated,
+                ..Default::default()
+            },
         })
     }
 
@@ -301,10 +329,17 @@ mod tests {
 
     #[test]
     fn no_chunk_exceeds_max_buffer_size_and_text_and_ids_are_preserved() {
-        let opts = ShapeOptions { max_buffer_size: 3, spacing: Duration::ZERO };
+        let opts = ShapeOptions {
+            max_buffer_size: 3,
+            spacing: Duration::ZERO,
+        };
         let chunks = collect_all(
             opts,
-            vec![tokens("abcdefg", 1, 1), tokens("héllo wörld", 2, 2), finished(2)],
+            vec![
+                tokens("abcdefg", 1, 1),
+                tokens("héllo wörld", 2, 2),
+                finished(2),
+            ],
         );
         assert!(chunks.iter().all(|c| c.text.len() <= 3), "{chunks:?}");
         let text: String = chunks.iter().map(|c| c.text.as_str()).collect();
@@ -316,7 +351,10 @@ mod tests {
 
     #[test]
     fn a_limit_below_one_character_still_makes_progress() {
-        let opts = ShapeOptions { max_buffer_size: 1, spacing: Duration::ZERO };
+        let opts = ShapeOptions {
+            max_buffer_size: 1,
+            spacing: Duration::ZERO,
+        };
         let chunks = collect_all(opts, vec![tokens("é€", 1, 1), finished(1)]);
         let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
         // The final event arrives after the text was sent: it gets a chunk of its own.
@@ -326,7 +364,10 @@ mod tests {
 
     #[test]
     fn spacing_coalesces_tokens_produced_between_chunks() {
-        let opts = ShapeOptions { max_buffer_size: 0, spacing: Duration::from_millis(50) };
+        let opts = ShapeOptions {
+            max_buffer_size: 0,
+            spacing: Duration::from_millis(50),
+        };
         let mut s = Shaper::new(opts);
         let t0 = Instant::now();
         s.push(tokens("a", 1, 1));
@@ -341,7 +382,10 @@ mod tests {
         assert_eq!(second[0].token_ids, vec![2, 3]);
         assert_eq!(second[0].context.expect("ctx").generated_tokens, 3);
         s.push(finished(3));
-        assert!(s.take_ready(t0 + Duration::from_millis(60)).is_empty(), "final waits too");
+        assert!(
+            s.take_ready(t0 + Duration::from_millis(60)).is_empty(),
+            "final waits too"
+        );
         let last = s.take_ready(t0 + Duration::from_millis(100));
         assert!(last[0].r#final.is_some());
         assert!(s.is_done());
@@ -360,9 +404,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_async_driver_respects_spacing_between_every_chunk() {
-        let opts = ShapeOptions { max_buffer_size: 4, spacing: Duration::from_millis(20) };
-        let events: Vec<Result<Event, ()>> =
-            vec![Ok(tokens("hello ", 1, 1)), Ok(tokens("world", 2, 2)), Ok(finished(2))];
+        let opts = ShapeOptions {
+            max_buffer_size: 4,
+            spacing: Duration::from_millis(20),
+        };
+        let events: Vec<Result<Event, ()>> = vec![
+            Ok(tokens("hello ", 1, 1)),
+            Ok(tokens("world", 2, 2)),
+            Ok(finished(2)),
+        ];
         let stream = shape(futures::stream::iter(events), opts);
         futures::pin_mut!(stream);
         let mut times = Vec::new();

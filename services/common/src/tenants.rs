@@ -123,7 +123,11 @@ impl Tenants {
         );
         let dev = Arc::new(TenantPolicy::unlimited(DEV_TENANT));
         let by_name = HashMap::from([(DEV_TENANT.to_owned(), dev.clone())]);
-        Self { by_key: HashMap::new(), by_name, dev: Some(dev) }
+        Self {
+            by_key: HashMap::new(),
+            by_name,
+            dev: Some(dev),
+        }
     }
 
     /// Builds the index from policies; rejects duplicate names or keys and short keys.
@@ -137,7 +141,8 @@ impl Tenants {
                     policy.name
                 )));
             }
-            if !(policy.rate_limit_tokens_per_s.is_finite() && policy.rate_limit_tokens_per_s >= 0.0)
+            if !(policy.rate_limit_tokens_per_s.is_finite()
+                && policy.rate_limit_tokens_per_s >= 0.0)
             {
                 return Err(TenantsError::Invalid(format!(
                     "tenant {}: rate_limit_tokens_per_s must be a finite number >= 0",
@@ -159,28 +164,45 @@ impl Tenants {
                     )));
                 }
             }
-            if by_name.insert(policy.name.clone(), policy.clone()).is_some() {
-                return Err(TenantsError::Invalid(format!("tenant {} defined twice", policy.name)));
+            if by_name
+                .insert(policy.name.clone(), policy.clone())
+                .is_some()
+            {
+                return Err(TenantsError::Invalid(format!(
+                    "tenant {} defined twice",
+                    policy.name
+                )));
             }
         }
-        Ok(Self { by_key, by_name, dev: None })
+        Ok(Self {
+            by_key,
+            by_name,
+            dev: None,
+        })
     }
 
     /// Loads a TOML tenants file.
     pub fn from_file(path: &Path) -> Result<Self, TenantsError> {
         let display = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| TenantsError::Read { path: display.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| TenantsError::Read {
+            path: display.clone(),
+            source,
+        })?;
         Self::from_toml(&text).map_err(|e| match e {
-            TenantsError::Parse { source, .. } => TenantsError::Parse { path: display, source },
+            TenantsError::Parse { source, .. } => TenantsError::Parse {
+                path: display,
+                source,
+            },
             other => other,
         })
     }
 
     /// Parses TOML tenants configuration.
     pub fn from_toml(text: &str) -> Result<Self, TenantsError> {
-        let file: TenantsFile = toml::from_str(text)
-            .map_err(|source| TenantsError::Parse { path: "<inline>".into(), source })?;
+        let file: TenantsFile = toml::from_str(text).map_err(|source| TenantsError::Parse {
+            path: "<inline>".into(),
+            source,
+        })?;
         Self::from_policies(file.tenants)
     }
 
@@ -215,14 +237,23 @@ impl Tenants {
             return Ok(dev.clone());
         }
         let header = metadata.get("authorization").ok_or_else(|| {
-            ApiError::new(ErrorReason::Unauthenticated, "missing `authorization: Bearer <key>`")
+            ApiError::new(
+                ErrorReason::Unauthenticated,
+                "missing `authorization: Bearer <key>`",
+            )
         })?;
         let key = header
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .ok_or_else(|| {
-                ApiError::new(ErrorReason::Unauthenticated, "authorization must be `Bearer <key>`")
+                ApiError::new(
+                    ErrorReason::Unauthenticated,
+                    "authorization must be `Bearer <key>`",
+                )
             })?;
         self.by_key
             .get(&hash_key(key.trim()))
@@ -267,7 +298,10 @@ mod tests {
 
     fn bearer(key: &str) -> MetadataMap {
         let mut m = MetadataMap::new();
-        m.insert("authorization", MetadataValue::try_from(format!("Bearer {key}")).expect("ascii"));
+        m.insert(
+            "authorization",
+            MetadataValue::try_from(format!("Bearer {key}")).expect("ascii"),
+        );
         m
     }
 
@@ -287,8 +321,18 @@ mod tests {
     #[test]
     fn api_keys_map_to_their_tenants() {
         let t = Tenants::from_toml(TOML).expect("valid");
-        assert_eq!(t.authenticate(&bearer("acme-key-0123456789")).expect("acme").name, "acme");
-        assert_eq!(t.authenticate(&bearer("beta-key-0123456789")).expect("beta").name, "beta");
+        assert_eq!(
+            t.authenticate(&bearer("acme-key-0123456789"))
+                .expect("acme")
+                .name,
+            "acme"
+        );
+        assert_eq!(
+            t.authenticate(&bearer("beta-key-0123456789"))
+                .expect("beta")
+                .name,
+            "beta"
+        );
         assert_eq!(t.forbidden_by_tenant()["acme"], vec!["secret".to_owned()]);
     }
 
@@ -308,7 +352,10 @@ mod tests {
     #[test]
     fn dev_mode_accepts_everyone_as_dev() {
         let t = Tenants::dev_mode();
-        assert_eq!(t.authenticate(&MetadataMap::new()).expect("dev").name, DEV_TENANT);
+        assert_eq!(
+            t.authenticate(&MetadataMap::new()).expect("dev").name,
+            DEV_TENANT
+        );
     }
 
     #[test]
@@ -325,7 +372,10 @@ mod tests {
     fn env_spec_groups_keys_by_tenant() {
         let t = Tenants::from_env_spec("a=0123456789abcdef, a=fedcba9876543210,b=0123456789abcdeX")
             .expect("valid");
-        assert_eq!(t.authenticate(&bearer("fedcba9876543210")).expect("a").name, "a");
+        assert_eq!(
+            t.authenticate(&bearer("fedcba9876543210")).expect("a").name,
+            "a"
+        );
         assert_eq!(t.by_name("a").expect("a").api_keys.len(), 2);
     }
 }

@@ -84,7 +84,10 @@ pub fn write_envelope<'a>(buf: &'a mut [u8], tenant: &str) -> Result<&'a mut [u8
         return Err(WireError::TenantLength(len));
     }
     if buf.len() < 2 + len {
-        return Err(WireError::Truncated { len: buf.len(), need: 2 + len });
+        return Err(WireError::Truncated {
+            len: buf.len(),
+            need: 2 + len,
+        });
     }
     let (head, rest) = buf.split_at_mut(2 + len);
     // `len` <= MAX_TENANT_BYTES (256) fits in u16.
@@ -96,13 +99,18 @@ pub fn write_envelope<'a>(buf: &'a mut [u8], tenant: &str) -> Result<&'a mut [u8
 /// Splits an envelope into tenant and request bytes.
 pub fn read_envelope(payload: &[u8]) -> Result<(&str, &[u8]), WireError> {
     let Some(len_bytes) = payload.get(..2) else {
-        return Err(WireError::Truncated { len: payload.len(), need: 2 });
+        return Err(WireError::Truncated {
+            len: payload.len(),
+            need: 2,
+        });
     };
     let len = usize::from(u16::from_le_bytes([len_bytes[0], len_bytes[1]]));
     if len > MAX_TENANT_BYTES {
         return Err(WireError::TenantLength(len));
     }
-    let tenant = payload.get(2..2 + len).ok_or(WireError::TenantLength(len))?;
+    let tenant = payload
+        .get(2..2 + len)
+        .ok_or(WireError::TenantLength(len))?;
     let tenant = std::str::from_utf8(tenant).map_err(|_| WireError::NotUtf8)?;
     Ok((tenant, &payload[2 + len..]))
 }
@@ -112,7 +120,9 @@ pub fn encode_error(err: &ApiError) -> Vec<u8> {
     let message = truncate_utf8(&err.message, MAX_ERROR_MESSAGE_BYTES);
     let mut out = Vec::with_capacity(6 + message.len());
     out.extend_from_slice(&(to_proto_reason(err.reason) as u16).to_le_bytes());
-    let retry = err.retry_after.map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+    let retry = err
+        .retry_after
+        .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
     out.extend_from_slice(&retry.to_le_bytes());
     out.extend_from_slice(message.as_bytes());
     out
@@ -121,7 +131,10 @@ pub fn encode_error(err: &ApiError) -> Vec<u8> {
 /// Decodes an error frame payload.
 pub fn decode_error(payload: &[u8]) -> Result<ApiError, WireError> {
     if payload.len() < 6 {
-        return Err(WireError::Truncated { len: payload.len(), need: 6 });
+        return Err(WireError::Truncated {
+            len: payload.len(),
+            need: 6,
+        });
     }
     let reason = u16::from_le_bytes([payload[0], payload[1]]);
     let retry = u32::from_le_bytes([payload[2], payload[3], payload[4], payload[5]]);
@@ -155,7 +168,9 @@ mod tests {
     fn envelopes_round_trip() {
         let request = b"\x0a\x05hello";
         let mut buf = vec![0u8; envelope_len("acme") + request.len()];
-        write_envelope(&mut buf, "acme").expect("fits").copy_from_slice(request);
+        write_envelope(&mut buf, "acme")
+            .expect("fits")
+            .copy_from_slice(request);
         assert_eq!(read_envelope(&buf).expect("valid"), ("acme", &request[..]));
     }
 
@@ -166,16 +181,37 @@ mod tests {
             assert_eq!(decode_error(&encode_error(&err)).expect("valid"), err);
         }
         let long = ApiError::internal("é".repeat(MAX_ERROR_MESSAGE_BYTES));
-        assert!(decode_error(&encode_error(&long)).expect("valid").message.len() <= MAX_ERROR_MESSAGE_BYTES);
+        assert!(
+            decode_error(&encode_error(&long))
+                .expect("valid")
+                .message
+                .len()
+                <= MAX_ERROR_MESSAGE_BYTES
+        );
     }
 
     #[test]
     fn malformed_payloads_are_typed_errors() {
-        assert!(matches!(read_envelope(&[1]), Err(WireError::Truncated { .. })));
-        assert!(matches!(read_envelope(&[5, 0, b'a']), Err(WireError::TenantLength(5))));
-        assert!(matches!(read_envelope(&[0xff, 0xff]), Err(WireError::TenantLength(_))));
-        assert!(matches!(read_envelope(&[1, 0, 0xff]), Err(WireError::NotUtf8)));
-        assert!(matches!(decode_error(&[1, 0, 0]), Err(WireError::Truncated { .. })));
+        assert!(matches!(
+            read_envelope(&[1]),
+            Err(WireError::Truncated { .. })
+        ));
+        assert!(matches!(
+            read_envelope(&[5, 0, b'a']),
+            Err(WireError::TenantLength(5))
+        ));
+        assert!(matches!(
+            read_envelope(&[0xff, 0xff]),
+            Err(WireError::TenantLength(_))
+        ));
+        assert!(matches!(
+            read_envelope(&[1, 0, 0xff]),
+            Err(WireError::NotUtf8)
+        ));
+        assert!(matches!(
+            decode_error(&[1, 0, 0]),
+            Err(WireError::Truncated { .. })
+        ));
     }
 
     proptest! {

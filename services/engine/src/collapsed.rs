@@ -43,8 +43,12 @@ impl CollapsedService {
             .host
             .generate(&tenant.name, req)
             .map_err(|e| self.edge.fail(rpc, started, e))?;
-        let stream = first_or_error(stream).await.map_err(|e| self.edge.fail(rpc, started, e))?;
-        Ok(Box::pin(self.edge.instrument(rpc, started, admission, stream)))
+        let stream = first_or_error(stream)
+            .await
+            .map_err(|e| self.edge.fail(rpc, started, e))?;
+        Ok(Box::pin(
+            self.edge.instrument(rpc, started, admission, stream),
+        ))
     }
 }
 
@@ -68,7 +72,10 @@ impl Inference for CollapsedService {
         while let Some(chunk) = stream.next().await {
             collector.push(chunk?);
         }
-        collector.finish().map(Response::new).map_err(ApiError::into_status)
+        collector
+            .finish()
+            .map(Response::new)
+            .map_err(ApiError::into_status)
     }
 
     async fn probe(
@@ -76,8 +83,13 @@ impl Inference for CollapsedService {
         request: Request<v1::ProbeRequest>,
     ) -> Result<Response<v1::ProbeResponse>, Status> {
         let started = Instant::now();
-        self.edge.authenticate("probe", started, request.metadata())?;
-        let resp = self.host.probe().await.map_err(|e| self.edge.fail("probe", started, e))?;
+        self.edge
+            .authenticate("probe", started, request.metadata())?;
+        let resp = self
+            .host
+            .probe()
+            .await
+            .map_err(|e| self.edge.fail("probe", started, e))?;
         self.edge.succeed("probe", started);
         Ok(Response::new(resp))
     }
@@ -87,11 +99,17 @@ impl Inference for CollapsedService {
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<v1::ValidateResponse>, Status> {
         let started = Instant::now();
-        let tenant = self.edge.authenticate("validate", started, request.metadata())?;
-        self.edge.limiter.check_only(&tenant).map_err(|e| self.edge.fail("validate", started, e))?;
+        let tenant = self
+            .edge
+            .authenticate("validate", started, request.metadata())?;
+        self.edge
+            .limiter
+            .check_only(&tenant)
+            .map_err(|e| self.edge.fail("validate", started, e))?;
         let req = request.into_inner();
         // Validation errors of the request itself come first, as in `generate`.
-        convert::generate_request(req.clone()).map_err(|e| self.edge.fail("validate", started, e))?;
+        convert::generate_request(req.clone())
+            .map_err(|e| self.edge.fail("validate", started, e))?;
         let resp = self
             .host
             .validate(&tenant.name, req)

@@ -63,7 +63,8 @@ pub async fn run_collapsed(
     let metrics = ServiceMetrics::register(&mut registry);
     let bound = server::bind(config.serve.clone()).await?;
     let setup = config.setup.clone();
-    let (engine, model) = tokio::task::spawn_blocking(move || runtime::start_engine(&setup)).await??;
+    let (engine, model) =
+        tokio::task::spawn_blocking(move || runtime::start_engine(&setup)).await??;
     runtime::register_engine_metrics(&mut registry, engine.metrics());
     let host = EngineHost::new(engine.clone(), model, "collapsed");
     let service = CollapsedService {
@@ -80,7 +81,9 @@ pub async fn run_collapsed(
             |routes| {
                 routes.add_service(
                     zerolayer_proto::v1::inference_server::InferenceServer::new(service)
-                        .max_decoding_message_size(zerolayer_service::convert::MAX_CONTENT_BYTES * 4),
+                        .max_decoding_message_size(
+                            zerolayer_service::convert::MAX_CONTENT_BYTES * 4,
+                        ),
                 )
             },
             registry,
@@ -102,10 +105,12 @@ pub async fn run_engine(
     let mut registry = new_registry("engine");
     let bound = server::bind(config.serve.clone()).await?;
     let setup = config.setup.clone();
-    let (engine, model) = tokio::task::spawn_blocking(move || runtime::start_engine(&setup)).await??;
+    let (engine, model) =
+        tokio::task::spawn_blocking(move || runtime::start_engine(&setup)).await??;
     runtime::register_engine_metrics(&mut registry, engine.metrics());
     let host = EngineHost::new(engine.clone(), model, "split");
-    let mut split = split::SplitServer::start(host.clone(), shm, tokio::runtime::Handle::current())?;
+    let mut split =
+        split::SplitServer::start(host.clone(), shm, tokio::runtime::Handle::current())?;
     let ready = tokio::spawn(become_ready(host, bound.lifecycle()));
     let result = bound.serve(|routes| routes, registry, shutdown).await;
     ready.abort();

@@ -86,14 +86,20 @@ pub fn start_engine(setup: &EngineSetup) -> anyhow::Result<(Engine, String)> {
     let name = display_name(&model.name);
     let backend: Box<dyn Backend> = match setup.device {
         Device::Cpu => Box::new(
-            CpuBackend::new(model.weights.clone(), config.kv_cache_config(), config.threads)
-                .map_err(|e| anyhow::anyhow!("CPU backend: {e}"))?,
+            CpuBackend::new(
+                model.weights.clone(),
+                config.kv_cache_config(),
+                config.threads,
+            )
+            .map_err(|e| anyhow::anyhow!("CPU backend: {e}"))?,
         ),
         Device::Cuda(ordinal) => anyhow::bail!(
             "--device cuda:{ordinal}: this build has no CUDA backend (use --device cpu)"
         ),
     };
-    let safety = SafetyConfig { per_tenant: setup.tenants.forbidden_by_tenant() };
+    let safety = SafetyConfig {
+        per_tenant: setup.tenants.forbidden_by_tenant(),
+    };
     tracing::info!(
         model = %name,
         params = model.weights.config().n_params(),
@@ -103,8 +109,15 @@ pub fn start_engine(setup: &EngineSetup) -> anyhow::Result<(Engine, String)> {
         reuse = config.reuse,
         "starting engine"
     );
-    let engine = Engine::start(backend, model.tokenizer.clone(), name.clone(), setup.keys.clone(), safety, config)
-        .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
+    let engine = Engine::start(
+        backend,
+        model.tokenizer.clone(),
+        name.clone(),
+        setup.keys.clone(),
+        safety,
+        config,
+    )
+    .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
     Ok((engine, name))
 }
 
@@ -147,7 +160,8 @@ fn counter(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> s
 }
 
 fn gauge(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    enc.encode_descriptor(name, help, None, MetricType::Gauge)?.encode_gauge(&(v as i64))
+    enc.encode_descriptor(name, help, None, MetricType::Gauge)?
+        .encode_gauge(&(v as i64))
 }
 
 impl Collector for EngineCollector {
@@ -161,10 +175,15 @@ impl Collector for EngineCollector {
                 MetricType::Counter,
             )?;
             for r in FINISH_REASONS {
-                let labels = ReasonLabel { reason: finish_reason_label(r) };
+                let labels = ReasonLabel {
+                    reason: finish_reason_label(r),
+                };
                 family
                     .encode_family(&labels)?
-                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&m.finished_count(r), None)?;
+                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                        &m.finished_count(r),
+                        None,
+                    )?;
             }
         }
         {
@@ -178,7 +197,10 @@ impl Collector for EngineCollector {
                 let labels = ReasonLabel { reason: r.as_str() };
                 family
                     .encode_family(&labels)?
-                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&m.error_count(r), None)?;
+                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                        &m.error_count(r),
+                        None,
+                    )?;
             }
         }
         {
@@ -190,8 +212,13 @@ impl Collector for EngineCollector {
             )?;
             for r in REUSE_OUTCOMES {
                 family
-                    .encode_family(&OutcomeLabel { outcome: reuse_label(r) })?
-                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&m.reuse_count(r), None)?;
+                    .encode_family(&OutcomeLabel {
+                        outcome: reuse_label(r),
+                    })?
+                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                        &m.reuse_count(r),
+                        None,
+                    )?;
             }
         }
         {
@@ -203,10 +230,18 @@ impl Collector for EngineCollector {
             )?;
             family
                 .encode_family(&PathLabel { path: "fast_path" })?
-                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&get(&m.handle_fast_path), None)?;
+                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                &get(&m.handle_fast_path),
+                None,
+            )?;
             family
-                .encode_family(&PathLabel { path: "full_verify" })?
-                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&get(&m.handle_full_verify), None)?;
+                .encode_family(&PathLabel {
+                    path: "full_verify",
+                })?
+                .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+                    &get(&m.handle_full_verify),
+                    None,
+                )?;
             let rejected: u64 = m.handle_rejected.iter().map(get).sum();
             family
                 .encode_family(&PathLabel { path: "rejected" })?
@@ -226,20 +261,85 @@ impl Collector for EngineCollector {
                     .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&v, None)?;
             }
         }
-        counter(&mut enc, "slot_evictions", "Slots evicted to make room (LRU 5%)", get(&m.slot_evictions))?;
-        gauge(&mut enc, "slots_live", "Slots holding a conversation", get(&m.slots_live))?;
-        gauge(&mut enc, "slots_capacity", "Slot map capacity", get(&m.slots_capacity))?;
-        gauge(&mut enc, "kv_blocks_total", "KV pool blocks", get(&m.kv_blocks_total))?;
-        gauge(&mut enc, "kv_blocks_used", "KV pool blocks in use", get(&m.kv_blocks_used))?;
-        gauge(&mut enc, "kv_block_size_tokens", "Token positions per KV block", get(&m.kv_block_size))?;
-        gauge(&mut enc, "queue_depth", "Requests waiting for admission", get(&m.queue_depth))?;
-        gauge(&mut enc, "running_sequences", "Sequences admitted and not finished", get(&m.running))?;
-        gauge(&mut enc, "batch_size", "Sequences in the last forward step", get(&m.last_batch_size))?;
+        counter(
+            &mut enc,
+            "slot_evictions",
+            "Slots evicted to make room (LRU 5%)",
+            get(&m.slot_evictions),
+        )?;
+        gauge(
+            &mut enc,
+            "slots_live",
+            "Slots holding a conversation",
+            get(&m.slots_live),
+        )?;
+        gauge(
+            &mut enc,
+            "slots_capacity",
+            "Slot map capacity",
+            get(&m.slots_capacity),
+        )?;
+        gauge(
+            &mut enc,
+            "kv_blocks_total",
+            "KV pool blocks",
+            get(&m.kv_blocks_total),
+        )?;
+        gauge(
+            &mut enc,
+            "kv_blocks_used",
+            "KV pool blocks in use",
+            get(&m.kv_blocks_used),
+        )?;
+        gauge(
+            &mut enc,
+            "kv_block_size_tokens",
+            "Token positions per KV block",
+            get(&m.kv_block_size),
+        )?;
+        gauge(
+            &mut enc,
+            "queue_depth",
+            "Requests waiting for admission",
+            get(&m.queue_depth),
+        )?;
+        gauge(
+            &mut enc,
+            "running_sequences",
+            "Sequences admitted and not finished",
+            get(&m.running),
+        )?;
+        gauge(
+            &mut enc,
+            "batch_size",
+            "Sequences in the last forward step",
+            get(&m.last_batch_size),
+        )?;
         counter(&mut enc, "steps", "Forward steps", get(&m.steps))?;
-        counter(&mut enc, "step_tokens", "Tokens in forward steps (decode + prefill)", get(&m.step_tokens))?;
-        counter(&mut enc, "prefill_tokens", "Prompt tokens computed", get(&m.prefill_tokens))?;
-        counter(&mut enc, "cached_prompt_tokens", "Prompt tokens served from slots", get(&m.cached_prompt_tokens))?;
-        counter(&mut enc, "decode_tokens", "Tokens generated", get(&m.decode_tokens))?;
+        counter(
+            &mut enc,
+            "step_tokens",
+            "Tokens in forward steps (decode + prefill)",
+            get(&m.step_tokens),
+        )?;
+        counter(
+            &mut enc,
+            "prefill_tokens",
+            "Prompt tokens computed",
+            get(&m.prefill_tokens),
+        )?;
+        counter(
+            &mut enc,
+            "cached_prompt_tokens",
+            "Prompt tokens served from slots",
+            get(&m.cached_prompt_tokens),
+        )?;
+        counter(
+            &mut enc,
+            "decode_tokens",
+            "Tokens generated",
+            get(&m.decode_tokens),
+        )?;
         {
             let buckets: Vec<(f64, u64)> = BATCH_SIZE_BUCKETS
                 .iter()
@@ -281,11 +381,16 @@ impl Collector for EngineCollector {
                 None,
             )?;
         }
-        enc.encode_descriptor("step_seconds", "Wall time in forward steps", None, MetricType::Counter)?
-            .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
-                &(get(&m.step_ns_sum) as f64 / 1e9),
-                None,
-            )?;
+        enc.encode_descriptor(
+            "step_seconds",
+            "Wall time in forward steps",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+            &(get(&m.step_ns_sum) as f64 / 1e9),
+            None,
+        )?;
         Ok(())
     }
 }

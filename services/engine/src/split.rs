@@ -36,31 +36,51 @@ fn lock(tasks: &Tasks) -> std::sync::MutexGuard<'_, HashMap<RequestKey, tokio::t
 
 /// A decoded request frame.
 enum Job {
-    Generate { tenant: String, request: v1::GenerateRequest },
-    Validate { tenant: String, request: v1::GenerateRequest },
+    Generate {
+        tenant: String,
+        request: v1::GenerateRequest,
+    },
+    Validate {
+        tenant: String,
+        request: v1::GenerateRequest,
+    },
     Probe,
 }
 
 /// Decodes a request frame's payload (untrusted bytes: typed errors only).
 fn decode_job(kind: u16, payload: &[u8]) -> Result<Job, ApiError> {
-    let (tenant, body) =
-        wire::read_envelope(payload).map_err(|e| ApiError::invalid(format!("bad envelope: {e}")))?;
+    let (tenant, body) = wire::read_envelope(payload)
+        .map_err(|e| ApiError::invalid(format!("bad envelope: {e}")))?;
     let request = || {
         v1::GenerateRequest::decode(body)
             .map_err(|e| ApiError::invalid(format!("malformed request: {e}")))
     };
     match kind {
-        wire::KIND_GENERATE => Ok(Job::Generate { tenant: tenant.to_owned(), request: request()? }),
-        wire::KIND_VALIDATE => Ok(Job::Validate { tenant: tenant.to_owned(), request: request()? }),
+        wire::KIND_GENERATE => Ok(Job::Generate {
+            tenant: tenant.to_owned(),
+            request: request()?,
+        }),
+        wire::KIND_VALIDATE => Ok(Job::Validate {
+            tenant: tenant.to_owned(),
+            request: request()?,
+        }),
         wire::KIND_PROBE => Ok(Job::Probe),
         other => Err(ApiError::invalid(format!("unknown request kind {other}"))),
     }
 }
 
 /// Sends one response frame, blocking this worker thread for ring space if needed.
-fn send(server: &ShmServer, key: RequestKey, kind: u16, last: bool, payload: &[u8]) -> Result<(), SendError> {
+fn send(
+    server: &ShmServer,
+    key: RequestKey,
+    kind: u16,
+    last: bool,
+    payload: &[u8],
+) -> Result<(), SendError> {
     tokio::task::block_in_place(|| {
-        server.send(key, kind, last, payload.len(), |buf| buf.copy_from_slice(payload))
+        server.send(key, kind, last, payload.len(), |buf| {
+            buf.copy_from_slice(payload)
+        })
     })
 }
 
@@ -82,7 +102,13 @@ fn send_message<M: Message>(
 }
 
 fn send_error(server: &ShmServer, key: RequestKey, err: &ApiError) {
-    if let Err(e) = send(server, key, wire::KIND_ERROR, true, &wire::encode_error(err)) {
+    if let Err(e) = send(
+        server,
+        key,
+        wire::KIND_ERROR,
+        true,
+        &wire::encode_error(err),
+    ) {
         tracing::debug!(cause = %e, "error frame not delivered");
     }
 }
@@ -101,7 +127,11 @@ async fn run_job(host: EngineHost, server: Arc<ShmServer>, key: RequestKey, job:
                     Err(e) => return send_error(&server, key, &e),
                 };
                 let last = chunk.r#final.is_some();
-                let kind = if last { wire::KIND_FINAL_CHUNK } else { wire::KIND_CHUNK };
+                let kind = if last {
+                    wire::KIND_FINAL_CHUNK
+                } else {
+                    wire::KIND_CHUNK
+                };
                 if let Err(e) = send_message(&server, key, kind, last, &chunk) {
                     // The front is gone or the ring stayed full: dropping the stream cancels
                     // the generation.
@@ -112,7 +142,11 @@ async fn run_job(host: EngineHost, server: Arc<ShmServer>, key: RequestKey, job:
                     return;
                 }
             }
-            send_error(&server, key, &ApiError::internal("stream ended without a final chunk"));
+            send_error(
+                &server,
+                key,
+                &ApiError::internal("stream ended without a final chunk"),
+            );
         }
         Job::Validate { tenant, request } => match host.validate(&tenant, request).await {
             Ok(r) => {
@@ -207,7 +241,11 @@ impl SplitServer {
                 }
             })?
         };
-        Ok(Self { server, stop, thread: Some(thread) })
+        Ok(Self {
+            server,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Stops receiving and closes the segment (the front sees the server close).
@@ -238,6 +276,9 @@ mod tests {
         let mut ok = vec![0u8; wire::envelope_len("t")];
         wire::write_envelope(&mut ok, "t").expect("fits");
         assert!(matches!(decode_job(wire::KIND_PROBE, &ok), Ok(Job::Probe)));
-        assert!(matches!(decode_job(wire::KIND_GENERATE, &ok), Ok(Job::Generate { .. })));
+        assert!(matches!(
+            decode_job(wire::KIND_GENERATE, &ok),
+            Ok(Job::Generate { .. })
+        ));
     }
 }

@@ -46,7 +46,9 @@ use zerolayer_service::{
     tenants::Tenants,
     wire,
 };
-use zerolayer_shm::{ClientError as ShmError, ConnectionState, ResponseStream, ShmClient, ShmConfig};
+use zerolayer_shm::{
+    ClientError as ShmError, ConnectionState, ResponseStream, ShmClient, ShmConfig,
+};
 
 use crate::codec::{PreEncoded, Proto, Raw, RawCodec};
 
@@ -125,9 +127,16 @@ type ChunkResult = Result<FrontChunk, ApiError>;
 
 impl Inner {
     /// Sends one request frame: envelope (tenant) + the client's protobuf bytes.
-    async fn forward(&self, kind: u16, tenant: &str, body: &[u8]) -> Result<ResponseStream, ApiError> {
+    async fn forward(
+        &self,
+        kind: u16,
+        tenant: &str,
+        body: &[u8],
+    ) -> Result<ResponseStream, ApiError> {
         if tenant.len() > wire::MAX_TENANT_BYTES {
-            return Err(ApiError::internal("tenant name too long for the wire envelope"));
+            return Err(ApiError::internal(
+                "tenant name too long for the wire envelope",
+            ));
         }
         let len = wire::envelope_len(tenant) + body.len();
         let (_, stream) = self
@@ -149,23 +158,34 @@ impl Inner {
             let item = match s.next().await? {
                 Err(e) => Err(shm_error(e)),
                 Ok(frame) => match frame.kind {
-                    wire::KIND_CHUNK => {
-                        Ok(FrontChunk { bytes: frame.payload, carries_tokens: true, final_usage: None })
+                    wire::KIND_CHUNK => Ok(FrontChunk {
+                        bytes: frame.payload,
+                        carries_tokens: true,
+                        final_usage: None,
+                    }),
+                    wire::KIND_FINAL_CHUNK => {
+                        match v1::GenerateChunk::decode(frame.payload.clone()) {
+                            // Only the last chunk is decoded: its usage settles the rate limit.
+                            Ok(last) => Ok(FrontChunk {
+                                carries_tokens: !last.token_ids.is_empty(),
+                                final_usage: Some(
+                                    last.r#final.and_then(|f| f.usage).unwrap_or_default(),
+                                ),
+                                bytes: frame.payload,
+                            }),
+                            Err(e) => {
+                                Err(ApiError::internal(format!("malformed final chunk: {e}")))
+                            }
+                        }
                     }
-                    wire::KIND_FINAL_CHUNK => match v1::GenerateChunk::decode(frame.payload.clone()) {
-                        // Only the last chunk is decoded: its usage settles the rate limit.
-                        Ok(last) => Ok(FrontChunk {
-                            carries_tokens: !last.token_ids.is_empty(),
-                            final_usage: Some(
-                                last.r#final.and_then(|f| f.usage).unwrap_or_default(),
-                            ),
-                            bytes: frame.payload,
-                        }),
-                        Err(e) => Err(ApiError::internal(format!("malformed final chunk: {e}"))),
-                    },
-                    wire::KIND_ERROR => Err(wire::decode_error(&frame.payload)
-                        .unwrap_or_else(|e| ApiError::internal(format!("malformed error frame: {e}")))),
-                    other => Err(ApiError::internal(format!("unexpected response frame kind {other}"))),
+                    wire::KIND_ERROR => {
+                        Err(wire::decode_error(&frame.payload).unwrap_or_else(|e| {
+                            ApiError::internal(format!("malformed error frame: {e}"))
+                        }))
+                    }
+                    other => Err(ApiError::internal(format!(
+                        "unexpected response frame kind {other}"
+                    ))),
                 },
             };
             Some((item, s))
@@ -173,9 +193,16 @@ impl Inner {
     }
 
     /// The single response of a unary request.
-    async fn unary<T: Message + Default>(mut stream: ResponseStream, kind: u16) -> Result<T, ApiError> {
+    async fn unary<T: Message + Default>(
+        mut stream: ResponseStream,
+        kind: u16,
+    ) -> Result<T, ApiError> {
         let frame = match stream.next().await {
-            None => return Err(ApiError::internal("the engine closed the request without answering")),
+            None => {
+                return Err(ApiError::internal(
+                    "the engine closed the request without answering",
+                ));
+            }
             Some(Err(e)) => return Err(shm_error(e)),
             Some(Ok(frame)) => frame,
         };
@@ -184,7 +211,10 @@ impl Inner {
                 .unwrap_or_else(|e| ApiError::internal(format!("malformed error frame: {e}"))));
         }
         if frame.kind != kind {
-            return Err(ApiError::internal(format!("unexpected response frame kind {}", frame.kind)));
+            return Err(ApiError::internal(format!(
+                "unexpected response frame kind {}",
+                frame.kind
+            )));
         }
         T::decode(frame.payload).map_err(|e| ApiError::internal(format!("malformed response: {e}")))
     }
@@ -198,8 +228,11 @@ impl Inner {
         let started = Instant::now();
         let tenant = self.edge.authenticate(rpc, started, request.metadata())?;
         let raw = request.into_inner();
-        let valid = convert::generate_request(raw.message).map_err(|e| self.edge.fail(rpc, started, e))?;
-        let admission = self.edge.admit(rpc, started, &tenant, valid.sampling.max_tokens)?;
+        let valid =
+            convert::generate_request(raw.message).map_err(|e| self.edge.fail(rpc, started, e))?;
+        let admission = self
+            .edge
+            .admit(rpc, started, &tenant, valid.sampling.max_tokens)?;
         let stream = self
             .forward(wire::KIND_GENERATE, &tenant.name, &raw.bytes)
             .await
@@ -210,9 +243,14 @@ impl Inner {
         Ok(self.edge.instrument(rpc, started, admission, stream))
     }
 
-    async fn probe(&self, request: tonic::Request<Raw<v1::ProbeRequest>>) -> Result<v1::ProbeResponse, Status> {
+    async fn probe(
+        &self,
+        request: tonic::Request<Raw<v1::ProbeRequest>>,
+    ) -> Result<v1::ProbeResponse, Status> {
         let started = Instant::now();
-        let tenant = self.edge.authenticate("probe", started, request.metadata())?;
+        let tenant = self
+            .edge
+            .authenticate("probe", started, request.metadata())?;
         let result = async {
             let stream = self.forward(wire::KIND_PROBE, &tenant.name, &[]).await?;
             Self::unary::<v1::ProbeResponse>(stream, wire::KIND_PROBE_RESPONSE).await
@@ -228,12 +266,16 @@ impl Inner {
         request: tonic::Request<Raw<v1::GenerateRequest>>,
     ) -> Result<v1::ValidateResponse, Status> {
         let started = Instant::now();
-        let tenant = self.edge.authenticate("validate", started, request.metadata())?;
+        let tenant = self
+            .edge
+            .authenticate("validate", started, request.metadata())?;
         let raw = request.into_inner();
         let result = async {
             convert::generate_request(raw.message)?;
             self.edge.limiter.check_only(&tenant)?;
-            let stream = self.forward(wire::KIND_VALIDATE, &tenant.name, &raw.bytes).await?;
+            let stream = self
+                .forward(wire::KIND_VALIDATE, &tenant.name, &raw.bytes)
+                .await?;
             Self::unary::<v1::ValidateResponse>(stream, wire::KIND_VALIDATE_RESPONSE).await
         }
         .await
@@ -244,7 +286,13 @@ impl Inner {
 
     /// Probes the engine through the channel without authentication (readiness).
     async fn self_probe(&self) -> Result<v1::ProbeResponse, ApiError> {
-        let stream = self.forward(wire::KIND_PROBE, zerolayer_service::tenants::DEV_TENANT, &[]).await?;
+        let stream = self
+            .forward(
+                wire::KIND_PROBE,
+                zerolayer_service::tenants::DEV_TENANT,
+                &[],
+            )
+            .await?;
         Self::unary(stream, wire::KIND_PROBE_RESPONSE).await
     }
 }
@@ -307,7 +355,12 @@ impl UnaryService<Raw<v1::ProbeRequest>> for ProbeSvc {
 
     fn call(&mut self, request: tonic::Request<Raw<v1::ProbeRequest>>) -> Self::Future {
         let inner = self.0.clone();
-        Box::pin(async move { inner.probe(request).await.map(|r| tonic::Response::new(Proto(r))) })
+        Box::pin(async move {
+            inner
+                .probe(request)
+                .await
+                .map(|r| tonic::Response::new(Proto(r)))
+        })
     }
 }
 
@@ -319,7 +372,12 @@ impl UnaryService<Raw<v1::GenerateRequest>> for ValidateSvc {
 
     fn call(&mut self, request: tonic::Request<Raw<v1::GenerateRequest>>) -> Self::Future {
         let inner = self.0.clone();
-        Box::pin(async move { inner.validate(request).await.map(|r| tonic::Response::new(Proto(r))) })
+        Box::pin(async move {
+            inner
+                .validate(request)
+                .await
+                .map(|r| tonic::Response::new(Proto(r)))
+        })
     }
 }
 
@@ -349,9 +407,11 @@ where
                     .await)
             }),
             "/zerolayer.v1.Inference/GenerateBuffered" => Box::pin(async move {
-                Ok(grpc::<Proto<v1::GenerateBufferedResponse>, Raw<v1::GenerateRequest>>()
-                    .unary(BufferedSvc(inner), req)
-                    .await)
+                Ok(
+                    grpc::<Proto<v1::GenerateBufferedResponse>, Raw<v1::GenerateRequest>>()
+                        .unary(BufferedSvc(inner), req)
+                        .await,
+                )
             }),
             "/zerolayer.v1.Inference/Probe" => Box::pin(async move {
                 Ok(grpc::<Proto<v1::ProbeResponse>, Raw<v1::ProbeRequest>>()
@@ -359,9 +419,11 @@ where
                     .await)
             }),
             "/zerolayer.v1.Inference/Validate" => Box::pin(async move {
-                Ok(grpc::<Proto<v1::ValidateResponse>, Raw<v1::GenerateRequest>>()
-                    .unary(ValidateSvc(inner), req)
-                    .await)
+                Ok(
+                    grpc::<Proto<v1::ValidateResponse>, Raw<v1::GenerateRequest>>()
+                        .unary(ValidateSvc(inner), req)
+                        .await,
+                )
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("unknown method").into_http()) }),
         }
@@ -376,7 +438,10 @@ impl NamedService for FrontService {
 async fn track_readiness(inner: Arc<Inner>, lifecycle: Lifecycle) {
     let mut states = inner.shm.subscribe();
     loop {
-        let attached = matches!(*states.borrow_and_update(), ConnectionState::Attached { .. });
+        let attached = matches!(
+            *states.borrow_and_update(),
+            ConnectionState::Attached { .. }
+        );
         if attached {
             match inner.self_probe().await {
                 Ok(_) => lifecycle.set_serving(true).await,
@@ -416,7 +481,9 @@ pub async fn run(
     });
     let readiness = tokio::spawn(track_readiness(inner.clone(), bound.lifecycle()));
     let service = FrontService { inner };
-    let result = bound.serve(|routes| routes.add_service(service), registry, shutdown).await;
+    let result = bound
+        .serve(|routes| routes.add_service(service), registry, shutdown)
+        .await;
     readiness.abort();
     shm.shutdown();
     result.map_err(Into::into)

@@ -90,13 +90,19 @@ struct StoredMessage {
 
 impl From<&v1::Message> for StoredMessage {
     fn from(m: &v1::Message) -> Self {
-        Self { role: m.role, content: m.content.clone() }
+        Self {
+            role: m.role,
+            content: m.content.clone(),
+        }
     }
 }
 
 impl From<StoredMessage> for v1::Message {
     fn from(m: StoredMessage) -> Self {
-        Self { role: m.role, content: m.content }
+        Self {
+            role: m.role,
+            content: m.content,
+        }
     }
 }
 
@@ -114,7 +120,10 @@ impl RedisPool {
         for _ in 0..n.max(1) {
             connections.push(client.get_connection_manager().await?);
         }
-        Ok(Self { connections: Arc::new(connections), next: Arc::new(AtomicUsize::new(0)) })
+        Ok(Self {
+            connections: Arc::new(connections),
+            next: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     fn conn(&self) -> redis::aio::ConnectionManager {
@@ -150,7 +159,11 @@ impl OrchestratorMetrics {
             }),
             handle_verify: Family::default(),
         };
-        registry.register("redis_seconds", "Redis round trips by operation", m.redis_seconds.clone());
+        registry.register(
+            "redis_seconds",
+            "Redis round trips by operation",
+            m.redis_seconds.clone(),
+        );
         registry.register(
             "handle_verify",
             "Handle verifications by outcome (full_verify or the rejection reason)",
@@ -190,7 +203,9 @@ struct Prepared {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn from_client_error(e: ClientError) -> ApiError {
@@ -203,7 +218,10 @@ fn from_client_error(e: ClientError) -> ApiError {
 
 fn redis_error(op: &str, e: &redis::RedisError) -> ApiError {
     tracing::error!(op, cause = %e, "redis failed");
-    ApiError::new(ErrorReason::Internal, format!("transcript store unavailable ({op})"))
+    ApiError::new(
+        ErrorReason::Internal,
+        format!("transcript store unavailable ({op})"),
+    )
 }
 
 fn conversation_key(tenant: &str, session_id: u64) -> String {
@@ -239,14 +257,26 @@ impl Orchestrator {
                 .and_then(|u| u.authenticate(&self.keys, None));
             match verified {
                 Ok((v, _)) => {
-                    self.metrics.handle_verify.get_or_create(&VerifyLabels { outcome: "full_verify" }).inc();
+                    self.metrics
+                        .handle_verify
+                        .get_or_create(&VerifyLabels {
+                            outcome: "full_verify",
+                        })
+                        .inc();
                     Some(v.claims().session_id)
                 }
                 Err(e) => {
-                    self.metrics.handle_verify.get_or_create(&VerifyLabels { outcome: e.reason() }).inc();
+                    self.metrics
+                        .handle_verify
+                        .get_or_create(&VerifyLabels {
+                            outcome: e.reason(),
+                        })
+                        .inc();
                     let reason = match e {
                         zerolayer_handle::HandleError::Expired { .. } => ErrorReason::HandleExpired,
-                        zerolayer_handle::HandleError::TenantMismatch => ErrorReason::TenantMismatch,
+                        zerolayer_handle::HandleError::TenantMismatch => {
+                            ErrorReason::TenantMismatch
+                        }
                         _ => ErrorReason::InvalidHandle,
                     };
                     return Err(ApiError::new(reason, e.to_string()));
@@ -265,7 +295,10 @@ impl Orchestrator {
             let raw: Option<String> = redis::AsyncCommands::get(&mut self.redis.conn(), &key)
                 .await
                 .map_err(|e| redis_error("get", &e))?;
-            self.metrics.redis_seconds.get_or_create(&OpLabels { op: "get" }).observe(t.elapsed().as_secs_f64());
+            self.metrics
+                .redis_seconds
+                .get_or_create(&OpLabels { op: "get" })
+                .observe(t.elapsed().as_secs_f64());
             raw.map(|s| serde_json::from_str(&s))
                 .transpose()
                 .map_err(|e| ApiError::internal(format!("corrupt transcript in store: {e}")))?
@@ -287,7 +320,10 @@ impl Orchestrator {
             }
             (Some(stored), false) => {
                 let extends = stored.len() <= req.messages.len()
-                    && stored.iter().zip(&req.messages).all(|(s, m)| *s == StoredMessage::from(m));
+                    && stored
+                        .iter()
+                        .zip(&req.messages)
+                        .all(|(s, m)| *s == StoredMessage::from(m));
                 if extends {
                     let mut t: Vec<v1::Message> = stored.into_iter().map(Into::into).collect();
                     let known = t.len();
@@ -311,13 +347,23 @@ impl Orchestrator {
             truncation: req.truncation,
             request_id: req.request_id.clone(),
         };
-        Ok(Prepared { key, session_id, prompt_hash, tenant: tag, transcript, engine_request })
+        Ok(Prepared {
+            key,
+            session_id,
+            prompt_hash,
+            tenant: tag,
+            transcript,
+            engine_request,
+        })
     }
 
     /// Stores the transcript with the reply and issues the conversation's handle.
     async fn commit(&self, prepared: &Prepared, reply: &str) -> Result<Vec<u8>, ApiError> {
         let mut stored: Vec<StoredMessage> = prepared.transcript.iter().map(Into::into).collect();
-        stored.push(StoredMessage { role: v1::Role::Assistant as i32, content: reply.to_owned() });
+        stored.push(StoredMessage {
+            role: v1::Role::Assistant as i32,
+            content: reply.to_owned(),
+        });
         let json = serde_json::to_string(&stored).map_err(|e| ApiError::internal(e.to_string()))?;
         let t = Instant::now();
         let _: () = redis::AsyncCommands::set_ex(
@@ -328,7 +374,10 @@ impl Orchestrator {
         )
         .await
         .map_err(|e| redis_error("set", &e))?;
-        self.metrics.redis_seconds.get_or_create(&OpLabels { op: "set" }).observe(t.elapsed().as_secs_f64());
+        self.metrics
+            .redis_seconds
+            .get_or_create(&OpLabels { op: "set" })
+            .observe(t.elapsed().as_secs_f64());
         let handle = self.keys.issue(Claims {
             session_id: prepared.session_id,
             tenant: prepared.tenant,
@@ -343,7 +392,10 @@ impl Orchestrator {
     /// The engine client for a caller: the caller's own credentials are forwarded, so the
     /// engine applies that tenant's policy (safety strings, limits) too.
     fn engine_for(&self, metadata: &tonic::metadata::MetadataMap) -> Client {
-        let auth = metadata.get("authorization").cloned().or_else(|| self.engine_auth.clone());
+        let auth = metadata
+            .get("authorization")
+            .cloned()
+            .or_else(|| self.engine_auth.clone());
         self.engine.clone().with_authorization(auth)
     }
 
@@ -353,36 +405,44 @@ impl Orchestrator {
         engine: &Client,
         tenant: &TenantPolicy,
         req: v1::GenerateRequest,
-    ) -> Result<impl Stream<Item = Result<v1::GenerateChunk, ApiError>> + Send + Unpin + 'static, ApiError>
-    {
+    ) -> Result<
+        impl Stream<Item = Result<v1::GenerateChunk, ApiError>> + Send + Unpin + 'static,
+        ApiError,
+    > {
         let prepared = self.prepare(tenant, &req).await?;
-        let upstream = engine.generate(prepared.engine_request.clone()).await.map_err(from_client_error)?;
+        let upstream = engine
+            .generate(prepared.engine_request.clone())
+            .await
+            .map_err(from_client_error)?;
         let this = self.clone();
         let state = (upstream, prepared, String::new(), this, false);
-        Ok(Box::pin(futures::stream::unfold(state, |(mut up, prepared, mut text, this, done)| async move {
-            if done {
-                return None;
-            }
-            match up.next().await? {
-                Err(e) => Some((Err(from_client_error(e)), (up, prepared, text, this, true))),
-                Ok(mut chunk) => {
-                    text.push_str(&chunk.text);
-                    if let Some(f) = chunk.r#final.as_mut() {
-                        match this.commit(&prepared, &text).await {
-                            Ok(handle) => {
-                                f.context_handle = handle;
-                                f.session_id = prepared.session_id;
-                                f.reuse = v1::ReuseOutcome::Disabled as i32;
-                            }
-                            Err(e) => return Some((Err(e), (up, prepared, text, this, true))),
-                        }
-                        let done = true;
-                        return Some((Ok(chunk), (up, prepared, text, this, done)));
-                    }
-                    Some((Ok(chunk), (up, prepared, text, this, false)))
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            |(mut up, prepared, mut text, this, done)| async move {
+                if done {
+                    return None;
                 }
-            }
-        })))
+                match up.next().await? {
+                    Err(e) => Some((Err(from_client_error(e)), (up, prepared, text, this, true))),
+                    Ok(mut chunk) => {
+                        text.push_str(&chunk.text);
+                        if let Some(f) = chunk.r#final.as_mut() {
+                            match this.commit(&prepared, &text).await {
+                                Ok(handle) => {
+                                    f.context_handle = handle;
+                                    f.session_id = prepared.session_id;
+                                    f.reuse = v1::ReuseOutcome::Disabled as i32;
+                                }
+                                Err(e) => return Some((Err(e), (up, prepared, text, this, true))),
+                            }
+                            let done = true;
+                            return Some((Ok(chunk), (up, prepared, text, this, done)));
+                        }
+                        Some((Ok(chunk), (up, prepared, text, this, false)))
+                    }
+                }
+            },
+        )))
     }
 }
 
@@ -406,9 +466,13 @@ impl Inference for Orchestrator {
             .sampling
             .max_tokens;
         let admission = self.edge.admit(RPC, started, &tenant, max_tokens)?;
-        let stream =
-            self.stream(&engine, &tenant, req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
-        Ok(Response::new(Box::pin(self.edge.instrument(RPC, started, admission, stream))))
+        let stream = self
+            .stream(&engine, &tenant, req)
+            .await
+            .map_err(|e| self.edge.fail(RPC, started, e))?;
+        Ok(Response::new(Box::pin(
+            self.edge.instrument(RPC, started, admission, stream),
+        )))
     }
 
     async fn generate_buffered(
@@ -426,14 +490,19 @@ impl Inference for Orchestrator {
             .sampling
             .max_tokens;
         let admission = self.edge.admit(RPC, started, &tenant, max_tokens)?;
-        let stream =
-            self.stream(&engine, &tenant, req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
+        let stream = self
+            .stream(&engine, &tenant, req)
+            .await
+            .map_err(|e| self.edge.fail(RPC, started, e))?;
         let mut stream = Box::pin(self.edge.instrument(RPC, started, admission, stream));
         let mut collector = BufferedCollector::default();
         while let Some(chunk) = stream.next().await {
             collector.push(chunk?);
         }
-        collector.finish().map(Response::new).map_err(ApiError::into_status)
+        collector
+            .finish()
+            .map(Response::new)
+            .map_err(ApiError::into_status)
     }
 
     async fn probe(
@@ -466,8 +535,14 @@ impl Inference for Orchestrator {
         let engine = self.engine_for(request.metadata());
         let req = request.into_inner();
         convert::generate_request(req.clone()).map_err(|e| self.edge.fail(RPC, started, e))?;
-        self.edge.limiter.check_only(&tenant).map_err(|e| self.edge.fail(RPC, started, e))?;
-        let prepared = self.prepare(&tenant, &req).await.map_err(|e| self.edge.fail(RPC, started, e))?;
+        self.edge
+            .limiter
+            .check_only(&tenant)
+            .map_err(|e| self.edge.fail(RPC, started, e))?;
+        let prepared = self
+            .prepare(&tenant, &req)
+            .await
+            .map_err(|e| self.edge.fail(RPC, started, e))?;
         let resp = engine
             .validate(prepared.engine_request)
             .await
@@ -532,8 +607,9 @@ pub async fn run(
         .serve(
             |routes| {
                 routes.add_service(
-                    v1::inference_server::InferenceServer::new(service)
-                        .max_decoding_message_size(zerolayer_service::convert::MAX_CONTENT_BYTES * 4),
+                    v1::inference_server::InferenceServer::new(service).max_decoding_message_size(
+                        zerolayer_service::convert::MAX_CONTENT_BYTES * 4,
+                    ),
                 )
             },
             registry,
