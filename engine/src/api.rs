@@ -6,6 +6,8 @@
 
 use std::{fmt, sync::Arc};
 
+pub use crate::error::EngineError;
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -29,7 +31,10 @@ pub struct Message {
 impl Message {
     /// Convenience constructor.
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Self { role, content: content.into() }
+        Self {
+            role,
+            content: content.into(),
+        }
     }
 }
 
@@ -53,7 +58,14 @@ pub struct SamplingOptions {
 
 impl Default for SamplingOptions {
     fn default() -> Self {
-        Self { max_tokens: None, temperature: 0.0, top_k: 0, top_p: 1.0, seed: None, stop: Vec::new() }
+        Self {
+            max_tokens: None,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+            stop: Vec::new(),
+        }
     }
 }
 
@@ -95,7 +107,9 @@ pub struct Caller {
 impl Caller {
     /// A caller of tenant `tenant`.
     pub fn new(tenant: impl Into<Arc<str>>) -> Self {
-        Self { tenant: tenant.into() }
+        Self {
+            tenant: tenant.into(),
+        }
     }
 }
 
@@ -244,19 +258,33 @@ pub struct ProbeReport {
 /// Machine-readable error reason, mirrored 1:1 by `zerolayer.v1.ErrorReason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorReason {
+    /// Handle malformed, unknown version or key, or a bad signature.
     InvalidHandle,
+    /// Handle past its expiry.
     HandleExpired,
+    /// Handle issued to another tenant.
     TenantMismatch,
+    /// Delta mode: the conversation's slot was evicted or changed.
     ContextEvicted,
+    /// Another request of the conversation runs and did not finish in time.
     SessionBusy,
+    /// Prompt + max_tokens exceed the context window.
     ContextLengthExceeded,
+    /// The KV pool cannot hold the request.
     KvCacheOverflow,
+    /// The tenant's rate limit (service edge).
     RateLimitExceeded,
+    /// Queues full: load shedding.
     Overloaded,
+    /// The prompt contains a string the tenant forbids.
     SafetyViolation,
+    /// No or unknown API key (service edge).
     Unauthenticated,
+    /// Malformed request.
     InvalidRequest,
+    /// A bug or an environment failure.
     Internal,
+    /// The engine is shutting down, stopped or failed.
     EngineUnavailable,
 }
 

@@ -6,6 +6,12 @@
 
 pub mod keygen;
 pub mod generate;
+pub mod converse;
+pub mod bench_model;
+pub mod chat;
+pub mod demo;
+pub mod health;
+pub mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +30,16 @@ pub enum Command {
     Keygen(keygen::Args),
     /// Generate text from a prompt with a local model (llama2.c-compatible output).
     Generate(generate::Args),
+    /// Run a multi-turn conversation in-process through context handles (KV reuse).
+    Converse(converse::Args),
+    /// Run a serving process (collapsed, engine, front or orchestrator).
+    Serve(serve::Args),
+    /// Check a server's gRPC health (exit 0 when SERVING).
+    Health(health::Args),
+    /// Start split and collapsed on a built-in model and run a conversation through each.
+    Demo(demo::Args),
+    /// Hold a multi-turn conversation with a running server (any mode).
+    Chat(chat::Args),
 }
 
 /// Initialises `tracing` logging to stderr; `RUST_LOG` overrides `default_filter`.
@@ -40,5 +56,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Keygen(args) => keygen::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Converse(args) => converse::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Health(args) => health::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Chat(args) => chat::run(args),
     }
 }
