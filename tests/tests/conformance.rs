@@ -119,16 +119,21 @@ fn multi_turn_conversation_reports_reuse(mode: Mode) {
             Mode::Collapsed | Mode::Split => {
                 assert_eq!(t1.reuse(), ReuseOutcome::New);
                 assert_eq!(t2.reuse(), ReuseOutcome::Hit);
-                // Turn k reuses everything turn k-1 held: its prompt and its reply.
-                let u1 = t1.usage();
-                let u2 = t2.usage();
-                assert_eq!(
-                    u2.cached_prompt_tokens,
-                    u1.prompt_tokens + u1.generated_tokens
+                assert_eq!(t3.reuse(), ReuseOutcome::Hit);
+                // Turn k reuses at least turn k-1's whole prompt. Its reply is reused too when
+                // re-tokenising the reply's text gives back the generated ids (in practice with
+                // real tokenizers; rarely with dummy:tiny's byte-level one), because reuse must
+                // never change what the model sees (the engine's tests check the exact identity
+                // on stories260K).
+                let (u1, u2, u3) = (t1.usage(), t2.usage(), t3.usage());
+                assert!(
+                    u2.cached_prompt_tokens >= u1.prompt_tokens,
+                    "{u1:?} then {u2:?}"
                 );
-                assert_eq!(
-                    t3.usage().cached_prompt_tokens,
-                    u2.prompt_tokens + u2.generated_tokens
+                assert!(u2.cached_prompt_tokens <= u1.prompt_tokens + u1.generated_tokens);
+                assert!(
+                    u3.cached_prompt_tokens >= u2.prompt_tokens,
+                    "{u2:?} then {u3:?}"
                 );
                 assert_eq!(
                     u2.prefilled_prompt_tokens,
