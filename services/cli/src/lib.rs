@@ -33,7 +33,7 @@ pub enum Command {
     /// Run a multi-turn conversation in-process through context handles (KV reuse).
     Converse(converse::Args),
     /// Run a serving process (collapsed, engine, front or orchestrator).
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Check a server's gRPC health (exit 0 when SERVING).
     Health(health::Args),
     /// Start split and collapsed on a built-in model and run a conversation through each.
@@ -57,7 +57,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keygen(args) => keygen::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Converse(args) => converse::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Health(args) => health::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Chat(args) => chat::run(args),
