@@ -92,7 +92,11 @@ pub struct Launcher {
 
 impl Launcher {
     /// A launcher with dev auth and ephemeral keys, logging into `work_dir`.
-    pub fn new(bin: impl Into<PathBuf>, model: impl Into<String>, work_dir: impl Into<PathBuf>) -> Self {
+    pub fn new(
+        bin: impl Into<PathBuf>,
+        model: impl Into<String>,
+        work_dir: impl Into<PathBuf>,
+    ) -> Self {
         Self {
             bin: bin.into(),
             model: model.into(),
@@ -109,7 +113,8 @@ impl Launcher {
 
     fn common(&self, cmd: &mut Command) {
         cmd.arg("--grpc-addr").arg("127.0.0.1:0");
-        cmd.arg("--metrics-addr").arg(if self.metrics { "127.0.0.1:0" } else { "none" });
+        cmd.arg("--metrics-addr")
+            .arg(if self.metrics { "127.0.0.1:0" } else { "none" });
         match &self.auth {
             Auth::Dev => {
                 cmd.arg("--dev-auth");
@@ -136,8 +141,12 @@ impl Launcher {
         cmd.arg("serve").arg("--mode").arg(mode);
         self.common(&mut cmd);
         // Logs stay readable in files; the environment must not leak a developer's settings.
-        cmd.env_remove("ZEROLAYER_API_KEYS").env_remove("ZEROLAYER_TENANTS_FILE");
-        cmd.env("RUST_LOG", std::env::var("ZEROLAYER_CHILD_LOG").unwrap_or_else(|_| "info".into()));
+        cmd.env_remove("ZEROLAYER_API_KEYS")
+            .env_remove("ZEROLAYER_TENANTS_FILE");
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("ZEROLAYER_CHILD_LOG").unwrap_or_else(|_| "info".into()),
+        );
         cmd.env("NO_COLOR", "1");
         cmd
     }
@@ -148,7 +157,12 @@ impl Launcher {
         self.engine_args(&mut cmd);
         cmd.args(&self.edge_flags);
         let p = Process::start("collapsed", cmd, self)?;
-        Ok(Deployment { mode: Mode::Collapsed, endpoint: p.endpoint(), processes: vec![p], shm: None })
+        Ok(Deployment {
+            mode: Mode::Collapsed,
+            endpoint: p.endpoint(),
+            processes: vec![p],
+            shm: None,
+        })
     }
 
     /// A split deployment on a fresh, unique shared-memory segment.
@@ -279,8 +293,12 @@ impl Process {
         std::fs::create_dir_all(&launcher.work_dir)?;
         let log = launcher.work_dir.join(format!("{}.log", unique_name(name)));
         let stderr = std::fs::File::create(&log)?;
-        cmd.stdout(Stdio::piped()).stderr(stderr).stdin(Stdio::null());
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {name} ({:?})", cmd.get_program()))?;
+        cmd.stdout(Stdio::piped())
+            .stderr(stderr)
+            .stdin(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {name} ({:?})", cmd.get_program()))?;
         let stdout = child.stdout.take().context("child stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -321,11 +339,19 @@ impl Process {
                 Ok(line) if line.starts_with(prefix) => return Ok(line),
                 Ok(_) => continue,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    bail!("{} did not print {prefix:?} within {timeout:?}; log:\n{}", self.name, self.log_tail())
+                    bail!(
+                        "{} did not print {prefix:?} within {timeout:?}; log:\n{}",
+                        self.name,
+                        self.log_tail()
+                    )
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.child.wait().ok();
-                    bail!("{} exited ({status:?}) before printing {prefix:?}; log:\n{}", self.name, self.log_tail())
+                    bail!(
+                        "{} exited ({status:?}) before printing {prefix:?}; log:\n{}",
+                        self.name,
+                        self.log_tail()
+                    )
                 }
             }
         }
@@ -333,7 +359,10 @@ impl Process {
 
     /// `http://<grpc addr>`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.grpc_addr.as_deref().unwrap_or("127.0.0.1:0"))
+        format!(
+            "http://{}",
+            self.grpc_addr.as_deref().unwrap_or("127.0.0.1:0")
+        )
     }
 
     /// The process id.
@@ -412,7 +441,10 @@ pub fn resources(pid: u32) -> Option<Resources> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    Some(Resources { cpu_seconds: (utime + stime) / ticks, peak_rss_bytes: hwm_kb * 1024 })
+    Some(Resources {
+        cpu_seconds: (utime + stime) / ticks,
+        peak_rss_bytes: hwm_kb * 1024,
+    })
 }
 
 /// A redis-server child on a Unix socket in a private directory.
@@ -430,13 +462,24 @@ impl Redis {
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("redis.sock");
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", "0", "--save", "", "--appendonly", "no", "--unixsocketperm", "700"])
-            .arg("--unixsocket")
-            .arg(&socket)
-            .arg("--dir")
-            .arg(&dir);
+        cmd.args([
+            "--port",
+            "0",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--unixsocketperm",
+            "700",
+        ])
+        .arg("--unixsocket")
+        .arg(&socket)
+        .arg("--dir")
+        .arg(&dir);
         let log = dir.join("redis.log");
-        cmd.stdout(Stdio::piped()).stderr(std::fs::File::create(&log)?).stdin(Stdio::null());
+        cmd.stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .stdin(Stdio::null());
         let mut child = cmd
             .spawn()
             .context("cannot start redis-server (install it: apt-get install redis-server)")?;
@@ -478,7 +521,11 @@ impl Process {
             match rx.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return Ok(line),
                 Ok(_) => continue,
-                Err(_) => bail!("{} did not print {needle:?}; log:\n{}", self.name, self.log_tail()),
+                Err(_) => bail!(
+                    "{} did not print {needle:?}; log:\n{}",
+                    self.name,
+                    self.log_tail()
+                ),
             }
         }
     }

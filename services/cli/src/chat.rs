@@ -12,7 +12,11 @@ use zerolayer_proto::v1;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Server URL.
-    #[arg(long, env = "ZEROLAYER_ENDPOINT", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "ZEROLAYER_ENDPOINT",
+        default_value = "http://127.0.0.1:50051"
+    )]
     pub endpoint: String,
     /// API key (`authorization: Bearer …`).
     #[arg(long, env = "ZEROLAYER_API_KEY", hide_env_values = true)]
@@ -46,7 +50,9 @@ pub struct Args {
 /// Runs `zerolayer chat`. Exits non-zero with the error reason (e.g. `ENGINE_UNAVAILABLE`)
 /// on the first failed turn.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let mut config = ClientConfig::new(args.endpoint.clone()).retry(RetryPolicy {
             max_attempts: args.attempts.max(1),
@@ -57,17 +63,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut conversation = client
             .conversation()
             .delta(args.delta)
-            .sampling(v1::SamplingParams { max_tokens: Some(args.max_tokens), ..Default::default() })
+            .sampling(v1::SamplingParams {
+                max_tokens: Some(args.max_tokens),
+                ..Default::default()
+            })
             .stream_options(v1::StreamOptions {
                 max_buffer_size: args.max_buffer_size,
                 min_delay_ms: args.min_delay_ms,
                 network_rtt_ms: 0,
             });
         for (i, turn) in args.turns.iter().enumerate() {
-            let result = conversation
-                .turn(turn.clone())
-                .await
-                .map_err(|e| anyhow::anyhow!("{}: turn {} failed: {}", e.reason.short_name(), i + 1, e.message))?;
+            let result = conversation.turn(turn.clone()).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: turn {} failed: {}",
+                    e.reason.short_name(),
+                    i + 1,
+                    e.message
+                )
+            })?;
             let usage = result.usage();
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             if args.json {

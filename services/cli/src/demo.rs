@@ -39,7 +39,9 @@ const DEFAULT_TURNS: [&str; 3] = [
 /// Runs `zerolayer demo`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let bin = std::env::current_exe().context("locating the zerolayer binary")?;
-    let work = tempfile::Builder::new().prefix("zerolayer-demo-").tempdir()?;
+    let work = tempfile::Builder::new()
+        .prefix("zerolayer-demo-")
+        .tempdir()?;
     let mut launcher = Launcher::new(bin, args.model.clone(), work.path());
     launcher.tokenizer = args.tokenizer.clone();
     launcher.metrics = false;
@@ -52,15 +54,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.layered {
         modes.push(Mode::Layered);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    println!("zerolayer demo: model {}, {} turns, {} tokens per turn\n", args.model, turns.len(), args.max_tokens);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!(
+        "zerolayer demo: model {}, {} turns, {} tokens per turn\n",
+        args.model,
+        turns.len(),
+        args.max_tokens
+    );
     println!(
         "{:<10} {:>4} {:>7} {:>7} {:>9} {:>9} {:<8} {:>9} {:>9}  reply",
-        "mode", "turn", "prompt", "cached", "prefilled", "generated", "reuse", "ttft_ms", "total_ms"
+        "mode",
+        "turn",
+        "prompt",
+        "cached",
+        "prefilled",
+        "generated",
+        "reuse",
+        "ttft_ms",
+        "total_ms"
     );
     for mode in modes {
         eprintln!("starting {mode} …");
-        let deployment = launcher.start(mode).with_context(|| format!("starting {mode}"))?;
+        let deployment = launcher
+            .start(mode)
+            .with_context(|| format!("starting {mode}"))?;
         runtime.block_on(async {
             // The channel spawns its connection task on the current runtime.
             let client = Client::new(ClientConfig::new(deployment.endpoint.clone()))?;
@@ -69,9 +88,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ..Default::default()
             });
             for (i, turn) in turns.iter().enumerate() {
-                let result = conversation.turn(turn.clone()).await.with_context(|| format!("{mode} turn {}", i + 1))?;
+                let result = conversation
+                    .turn(turn.clone())
+                    .await
+                    .with_context(|| format!("{mode} turn {}", i + 1))?;
                 let usage = result.usage();
-                let reply: String = result.text.chars().filter(|c| !c.is_control()).take(48).collect();
+                let reply: String = result
+                    .text
+                    .chars()
+                    .filter(|c| !c.is_control())
+                    .take(48)
+                    .collect();
                 println!(
                     "{:<10} {:>4} {:>7} {:>7} {:>9} {:>9} {:<8} {:>9.2} {:>9.2}  {reply}",
                     mode.as_str(),

@@ -7,7 +7,11 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Server URL.
-    #[arg(long, env = "ZEROLAYER_HEALTH_ADDR", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "ZEROLAYER_HEALTH_ADDR",
+        default_value = "http://127.0.0.1:50051"
+    )]
     pub addr: String,
     /// Seconds to wait for an answer.
     #[arg(long, default_value_t = 3)]
@@ -16,7 +20,9 @@ pub struct Args {
 
 /// Runs `zerolayer health`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let client = zerolayer_client::Client::new(
             zerolayer_client::ClientConfig::new(args.addr.clone())

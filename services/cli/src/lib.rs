@@ -4,13 +4,13 @@
 //! - `main.rs`: argument parsing (clap, every flag also read from `ZEROLAYER_*`) and dispatch.
 //! - one module per subcommand; each exposes `Args` (clap) and `run(args)`.
 
-pub mod keygen;
-pub mod generate;
-pub mod converse;
 pub mod bench_model;
 pub mod chat;
+pub mod converse;
 pub mod demo;
+pub mod generate;
 pub mod health;
+pub mod keygen;
 pub mod serve;
 
 use clap::{Parser, Subcommand};
@@ -48,7 +48,10 @@ pub fn init_logging(default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     // A second initialisation (tests calling into the library) is harmless: ignore it.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Runs one parsed command line.

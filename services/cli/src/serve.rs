@@ -120,14 +120,20 @@ impl KeyArgs {
             Some(dir) => {
                 let signing = dir.join("signing.key");
                 let verifying = dir.join("verifying.keys");
-                let verifying: Vec<PathBuf> =
-                    if verifying.exists() { vec![verifying] } else { Vec::new() };
-                Ok(Arc::new(KeyRing::from_files(&signing, &verifying).with_context(|| {
-                    format!("loading handle keys from {}", dir.display())
-                })?))
+                let verifying: Vec<PathBuf> = if verifying.exists() {
+                    vec![verifying]
+                } else {
+                    Vec::new()
+                };
+                Ok(Arc::new(
+                    KeyRing::from_files(&signing, &verifying)
+                        .with_context(|| format!("loading handle keys from {}", dir.display()))?,
+                ))
             }
             None => {
-                tracing::warn!("no --key-dir: using an ephemeral signing key (handles do not survive a restart)");
+                tracing::warn!(
+                    "no --key-dir: using an ephemeral signing key (handles do not survive a restart)"
+                );
                 Ok(Arc::new(KeyRing::ephemeral()?))
             }
         }
@@ -219,10 +225,12 @@ pub struct ShmArgs {
 impl ShmArgs {
     /// The channel configuration.
     pub fn config(&self) -> anyhow::Result<ShmConfig> {
-        let mut cfg = ShmConfig::new(&self.shm).map_err(|e| anyhow::anyhow!("--shm {:?}: {e}", self.shm))?;
+        let mut cfg =
+            ShmConfig::new(&self.shm).map_err(|e| anyhow::anyhow!("--shm {:?}: {e}", self.shm))?;
         cfg.request_ring_bytes = self.shm_request_ring_mb << 20;
         cfg.response_ring_bytes = self.shm_response_ring_mb << 20;
-        cfg.validate().map_err(|e| anyhow::anyhow!("shared-memory settings: {e}"))?;
+        cfg.validate()
+            .map_err(|e| anyhow::anyhow!("shared-memory settings: {e}"))?;
         Ok(cfg)
     }
 }
@@ -231,13 +239,21 @@ impl ShmArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct OrchestratorArgs {
     /// Redis URL.
-    #[arg(long, env = "ZEROLAYER_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "ZEROLAYER_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: String,
     /// Multiplexed Redis connections.
     #[arg(long, env = "ZEROLAYER_REDIS_CONNECTIONS", default_value_t = zerolayer_orchestrator::DEFAULT_REDIS_CONNECTIONS)]
     pub redis_connections: usize,
     /// The engine's gRPC URL (an engine started with --no-reuse).
-    #[arg(long, env = "ZEROLAYER_ENGINE_URL", default_value = "http://127.0.0.1:50052")]
+    #[arg(
+        long,
+        env = "ZEROLAYER_ENGINE_URL",
+        default_value = "http://127.0.0.1:50052"
+    )]
     pub engine_url: String,
     /// API key for the engine.
     #[arg(long, env = "ZEROLAYER_ENGINE_API_KEY", hide_env_values = true)]
@@ -266,7 +282,9 @@ pub struct Args {
 
 /// Runs `zerolayer serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(serve(args))
 }
 
@@ -298,7 +316,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
         Mode::Engine => {
             let config = engine_config(args.keys.keys()?)?;
-            zerolayer_engine_service::run_engine(config, args.shm.config()?, termination_signal()).await
+            zerolayer_engine_service::run_engine(config, args.shm.config()?, termination_signal())
+                .await
         }
         Mode::Front => {
             let config = zerolayer_front::FrontConfig {
