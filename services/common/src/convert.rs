@@ -305,6 +305,19 @@ impl BufferedCollector {
     }
 }
 
+/// Drains a stream of chunks into the `GenerateBuffered` response (the unary bridge).
+pub async fn collect_buffered<S>(mut stream: S) -> Result<v1::GenerateBufferedResponse, tonic::Status>
+where
+    S: futures::Stream<Item = Result<v1::GenerateChunk, tonic::Status>> + Unpin,
+{
+    use futures::StreamExt as _;
+    let mut collector = BufferedCollector::default();
+    while let Some(chunk) = stream.next().await {
+        collector.push(chunk?);
+    }
+    collector.finish().map_err(ApiError::into_status)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,12 +3,11 @@
 
 use std::{pin::Pin, time::Instant};
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tonic::{Request, Response, Status};
 use zerolayer_proto::v1::{self, inference_server::Inference};
 use zerolayer_service::{
-    ApiError,
-    convert::{self, BufferedCollector},
+    convert,
     edge::{Edge, first_or_error},
 };
 
@@ -67,15 +66,8 @@ impl Inference for CollapsedService {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<v1::GenerateBufferedResponse>, Status> {
-        let mut stream = self.start("generate_buffered", request).await?;
-        let mut collector = BufferedCollector::default();
-        while let Some(chunk) = stream.next().await {
-            collector.push(chunk?);
-        }
-        collector
-            .finish()
-            .map(Response::new)
-            .map_err(ApiError::into_status)
+        let stream = self.start("generate_buffered", request).await?;
+        convert::collect_buffered(stream).await.map(Response::new)
     }
 
     async fn probe(

@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -45,7 +45,7 @@ use zerolayer_handle::{Claims, KeyRing, PromptHash, TenantTag, random_session_id
 use zerolayer_proto::v1::{self, inference_server::Inference};
 use zerolayer_service::{
     ApiError,
-    convert::{self, BufferedCollector},
+    convert,
     edge::Edge,
     error::parse_reason,
     limits::Limiter,
@@ -448,6 +448,33 @@ impl Orchestrator {
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<v1::GenerateChunk, Status>> + Send + 'static>>;
 
+impl Orchestrator {
+    /// Authenticates, validates and admits a generation, then starts it.
+    async fn start(
+        &self,
+        rpc: &'static str,
+        request: Request<v1::GenerateRequest>,
+    ) -> Result<ChunkStream, Status> {
+        let started = Instant::now();
+        let tenant = self.edge.authenticate(rpc, started, request.metadata())?;
+        let engine = self.engine_for(request.metadata());
+        let mut req = request.into_inner();
+        if rpc == "generate_buffered" {
+            req.stream_options = None;
+        }
+        let max_tokens = convert::generate_request(req.clone())
+            .map_err(|e| self.edge.fail(rpc, started, e))?
+            .sampling
+            .max_tokens;
+        let admission = self.edge.admit(rpc, started, &tenant, max_tokens)?;
+        let stream = self
+            .stream(&engine, &tenant, req)
+            .await
+            .map_err(|e| self.edge.fail(rpc, started, e))?;
+        Ok(Box::pin(self.edge.instrument(rpc, started, admission, stream)))
+    }
+}
+
 #[tonic::async_trait]
 impl Inference for Orchestrator {
     type GenerateStream = ChunkStream;
@@ -456,53 +483,15 @@ impl Inference for Orchestrator {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        const RPC: &str = "generate";
-        let started = Instant::now();
-        let tenant = self.edge.authenticate(RPC, started, request.metadata())?;
-        let engine = self.engine_for(request.metadata());
-        let req = request.into_inner();
-        let max_tokens = convert::generate_request(req.clone())
-            .map_err(|e| self.edge.fail(RPC, started, e))?
-            .sampling
-            .max_tokens;
-        let admission = self.edge.admit(RPC, started, &tenant, max_tokens)?;
-        let stream = self
-            .stream(&engine, &tenant, req)
-            .await
-            .map_err(|e| self.edge.fail(RPC, started, e))?;
-        Ok(Response::new(Box::pin(
-            self.edge.instrument(RPC, started, admission, stream),
-        )))
+        self.start("generate", request).await.map(Response::new)
     }
 
     async fn generate_buffered(
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<v1::GenerateBufferedResponse>, Status> {
-        const RPC: &str = "generate_buffered";
-        let started = Instant::now();
-        let tenant = self.edge.authenticate(RPC, started, request.metadata())?;
-        let engine = self.engine_for(request.metadata());
-        let mut req = request.into_inner();
-        req.stream_options = None;
-        let max_tokens = convert::generate_request(req.clone())
-            .map_err(|e| self.edge.fail(RPC, started, e))?
-            .sampling
-            .max_tokens;
-        let admission = self.edge.admit(RPC, started, &tenant, max_tokens)?;
-        let stream = self
-            .stream(&engine, &tenant, req)
-            .await
-            .map_err(|e| self.edge.fail(RPC, started, e))?;
-        let mut stream = Box::pin(self.edge.instrument(RPC, started, admission, stream));
-        let mut collector = BufferedCollector::default();
-        while let Some(chunk) = stream.next().await {
-            collector.push(chunk?);
-        }
-        collector
-            .finish()
-            .map(Response::new)
-            .map_err(ApiError::into_status)
+        let stream = self.start("generate_buffered", request).await?;
+        convert::collect_buffered(stream).await.map(Response::new)
     }
 
     async fn probe(
