@@ -205,6 +205,15 @@ pub enum BackendError {
         /// The operation.
         operation: &'static str,
     },
+    /// The device failed or is unusable (no driver or GPU, a kernel that did not compile or
+    /// launch, a cuBLAS failure): raised by device backends such as the CUDA one.
+    #[error("device error ({kind}): {reason}")]
+    Device {
+        /// Stable reason of the device layer (`library_missing`, `no_device`, `launch`, …).
+        kind: &'static str,
+        /// The full message, naming the library, call or kernel.
+        reason: String,
+    },
 }
 
 impl BackendError {
@@ -222,6 +231,7 @@ impl BackendError {
             BackendError::InvalidConfig { .. } => "invalid_config",
             BackendError::OutOfMemory { .. } => "out_of_memory",
             BackendError::Unsupported { .. } => "unsupported",
+            BackendError::Device { .. } => "device",
         }
     }
 }

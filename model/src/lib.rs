@@ -9,6 +9,7 @@
 //! - [`sampling`]: exactly specified greedy/temperature/top-k/top-p sampling, counter-based RNG.
 //! - [`backend`]: the [`Backend`] trait the engine drives, [`SeqChunk`], [`KvCacheConfig`].
 //! - [`cpu`]: [`CpuBackend`], the f32 oracle, batch-invariant bit for bit.
+//! - [`cuda`]: [`CudaBackend`] (NVRTC-compiled kernels, cuBLAS; bf16 or exact f32).
 //! - [`generate`](mod@generate): a single-sequence generation loop for the CLI and tests.
 //! - [`bench`](mod@bench): read-bandwidth probe and prefill/decode measurements (`zerolayer bench model`).
 
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod bench;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod dummy;
 pub mod error;
 pub mod generate;
@@ -28,6 +30,7 @@ pub mod weights;
 pub use backend::{Backend, KvCacheConfig, SeqChunk};
 pub use config::ModelConfig;
 pub use cpu::CpuBackend;
+pub use cuda::{CudaBackend, CudaDType};
 pub use dummy::{DEFAULT_DUMMY_SEED, dummy_scale, dummy_weight, dummy_weights, splitmix64};
 pub use error::{BackendError, ModelError};
 pub use generate::{FinishReason, GenerateError, GenerateOptions, GenerateOutcome, generate};

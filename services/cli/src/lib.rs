@@ -4,6 +4,8 @@
 //! - `main.rs`: argument parsing (clap, every flag also read from `ZEROLAYER_*`) and dispatch.
 //! - one module per subcommand; each exposes `Args` (clap) and `run(args)`.
 
+pub mod bench;
+pub mod bench_gpu;
 pub mod bench_model;
 pub mod chat;
 pub mod converse;
@@ -40,6 +42,8 @@ pub enum Command {
     Demo(demo::Args),
     /// Hold a multi-turn conversation with a running server (any mode).
     Chat(chat::Args),
+    /// Benchmarks: `bench model`, `bench run` (one endpoint), `bench compare` (modes side by side).
+    Bench(bench::Args),
 }
 
 /// Initialises `tracing` logging to stderr; `RUST_LOG` overrides `default_filter`.
@@ -64,5 +68,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Health(args) => health::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

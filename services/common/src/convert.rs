@@ -306,7 +306,9 @@ impl BufferedCollector {
 }
 
 /// Drains a stream of chunks into the `GenerateBuffered` response (the unary bridge).
-pub async fn collect_buffered<S>(mut stream: S) -> Result<v1::GenerateBufferedResponse, tonic::Status>
+pub async fn collect_buffered<S>(
+    mut stream: S,
+) -> Result<v1::GenerateBufferedResponse, tonic::Status>
 where
     S: futures::Stream<Item = Result<v1::GenerateChunk, tonic::Status>> + Unpin,
 {

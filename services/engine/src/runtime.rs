@@ -21,7 +21,11 @@ use zerolayer_engine::{
     },
 };
 use zerolayer_handle::{HandleError, KeyRing};
-use zerolayer_model::{Backend, CpuBackend, ModelConfig, load_model};
+use zerolayer_model::{
+    Backend, CpuBackend, CudaDType, ModelConfig, Tokenizer,
+    cuda::{CUDA_DTYPE_ENV, KvSize, load_cuda_model},
+    load_model,
+};
 use zerolayer_service::tenants::Tenants;
 
 /// Where the model runs.
@@ -76,33 +80,57 @@ pub fn kv_block_bytes(config: &ModelConfig, block_size: usize) -> usize {
 /// Loads the model, builds the backend and starts the engine. Returns the engine and the
 /// model's display name.
 pub fn start_engine(setup: &EngineSetup) -> anyhow::Result<(Engine, String)> {
-    let model = load_model(&setup.model, setup.tokenizer.as_deref())
-        .map_err(|e| anyhow::anyhow!("cannot load model {}: {e}", setup.model))?;
     let mut config = setup.engine.clone();
-    if let Some(mb) = setup.kv_cache_mb {
-        let per_block = kv_block_bytes(model.weights.config(), config.block_size).max(1);
-        config.kv_blocks = ((mb << 20) / per_block).max(1);
-    }
-    let name = display_name(&model.name);
-    let backend: Box<dyn Backend> = match setup.device {
-        Device::Cpu => Box::new(
-            CpuBackend::new(
+    let name = display_name(&setup.model);
+    let (backend, tokenizer): (Box<dyn Backend>, Arc<Tokenizer>) = match setup.device {
+        Device::Cpu => {
+            let model = load_model(&setup.model, setup.tokenizer.as_deref())
+                .map_err(|e| anyhow::anyhow!("cannot load model {}: {e}", setup.model))?;
+            if let Some(mb) = setup.kv_cache_mb {
+                let per_block = kv_block_bytes(model.weights.config(), config.block_size).max(1);
+                config.kv_blocks = ((mb << 20) / per_block).max(1);
+            }
+            let backend = CpuBackend::new(
                 model.weights.clone(),
                 config.kv_cache_config(),
                 config.threads,
             )
-            .map_err(|e| anyhow::anyhow!("CPU backend: {e}"))?,
-        ),
-        Device::Cuda(ordinal) => anyhow::bail!(
-            "--device cuda:{ordinal}: this build has no CUDA backend (use --device cpu)"
-        ),
+            .map_err(|e| anyhow::anyhow!("CPU backend: {e}"))?;
+            (Box::new(backend), model.tokenizer.clone())
+        }
+        // Dummy models are generated on the GPU (never in host memory). Storage is bf16
+        // unless ZEROLAYER_CUDA_DTYPE=f32 (exact, for parity with the CPU).
+        Device::Cuda(ordinal) => {
+            let dtype: CudaDType = match std::env::var(CUDA_DTYPE_ENV) {
+                Ok(v) => v
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!("{CUDA_DTYPE_ENV}: {e}"))?,
+                Err(_) => CudaDType::Bf16,
+            };
+            let kv = match setup.kv_cache_mb {
+                Some(mb) => KvSize::Mib(mb),
+                None => KvSize::Blocks(config.kv_blocks),
+            };
+            let model = load_cuda_model(
+                &setup.model,
+                setup.tokenizer.as_deref(),
+                dtype,
+                config.block_size,
+                kv,
+                ordinal,
+            )
+            .map_err(|e| anyhow::anyhow!("--device cuda:{ordinal}: {}: {e}", setup.model))?;
+            config.kv_blocks = model.backend.kv_config().num_blocks;
+            (Box::new(model.backend), model.tokenizer)
+        }
     };
     let safety = SafetyConfig {
         per_tenant: setup.tenants.forbidden_by_tenant(),
     };
     tracing::info!(
         model = %name,
-        params = model.weights.config().n_params(),
+        device = ?setup.device,
+        params = backend.config().n_params(),
         kv_blocks = config.kv_blocks,
         block_size = config.block_size,
         slots = config.slot_capacity,
@@ -111,7 +139,7 @@ pub fn start_engine(setup: &EngineSetup) -> anyhow::Result<(Engine, String)> {
     );
     let engine = Engine::start(
         backend,
-        model.tokenizer.clone(),
+        tokenizer,
         name.clone(),
         setup.keys.clone(),
         safety,

@@ -44,8 +44,7 @@ use zerolayer_engine::api::ErrorReason;
 use zerolayer_handle::{Claims, KeyRing, PromptHash, TenantTag, random_session_id};
 use zerolayer_proto::v1::{self, inference_server::Inference};
 use zerolayer_service::{
-    ApiError,
-    convert,
+    ApiError, convert,
     edge::Edge,
     error::parse_reason,
     limits::Limiter,
@@ -471,7 +470,9 @@ impl Orchestrator {
             .stream(&engine, &tenant, req)
             .await
             .map_err(|e| self.edge.fail(rpc, started, e))?;
-        Ok(Box::pin(self.edge.instrument(rpc, started, admission, stream)))
+        Ok(Box::pin(
+            self.edge.instrument(rpc, started, admission, stream),
+        ))
     }
 }
 
