@@ -2,7 +2,9 @@
 //! matmul row does not depend on the batch size or the tiling.
 
 use proptest::prelude::*;
-use zerolayer_kernels::cpu::{CpuKernels, Isa, MatmulTarget, Tiling};
+use zerolayer_kernels::cpu::{
+    AttentionQueries, CpuKernels, Isa, MAX_ATTENTION_QUERIES, MatmulTarget, PagedKv, Tiling,
+};
 
 fn kernels() -> Vec<CpuKernels> {
     Isa::available()
@@ -31,6 +33,150 @@ fn naive_matmul(x: &[f32], w: &[f32], k: usize) -> Vec<f64> {
         }
     }
     y
+}
+
+/// Deterministic values in [-2, 2) with one in 16 scaled by 40 (sharp softmax peaks), from a
+/// splitmix64 stream: pools of 10⁵ floats per case are too many for proptest to shrink.
+fn seeded(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let v = (z >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0;
+            if z & 15 == 0 { v * 40.0 } else { v }
+        })
+        .collect()
+}
+
+/// One query alone, the way the CPU backend computed attention before the multi-query kernel:
+/// one `dots_strided` and one `weighted_sum_strided` call per block, the division, and the
+/// softmax. Returns (probabilities, output).
+fn attention_alone(
+    kern: CpuKernels,
+    q: &[f32],
+    kv: &PagedKv<'_>,
+    len: usize,
+    divisor: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let bs = kv.block_size;
+    let base = |b: usize| kv.table[b] as usize * bs * kv.stride + kv.offset;
+    let mut sc = vec![0.0; len];
+    for (b, run) in sc.chunks_mut(bs).enumerate() {
+        kern.dots_strided(q, &kv.k[base(b)..], kv.stride, run);
+    }
+    for v in sc.iter_mut() {
+        *v /= divisor;
+    }
+    kern.softmax(&mut sc);
+    let mut out = vec![0.0; q.len()];
+    for (b, run) in sc.chunks(bs).enumerate() {
+        kern.weighted_sum_strided(&mut out, run, &kv.v[base(b)..], kv.stride);
+    }
+    (sc, out)
+}
+
+/// A paged pool for attention tests: `blocks` blocks of `block_size` positions × `stride` floats,
+/// and a block table visiting them in a scrambled order.
+struct Pool {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    table: Vec<u32>,
+    block_size: usize,
+    stride: usize,
+}
+
+impl Pool {
+    fn new(blocks: usize, block_size: usize, stride: usize, seed: u64) -> Pool {
+        let len = blocks * block_size * stride;
+        // Table entry b is block (b · 7 + 3) mod blocks when 7 is coprime to blocks, else b
+        // reversed: either way a permutation that is not the identity.
+        let table = (0..blocks)
+            .map(|b| {
+                if !blocks.is_multiple_of(7) {
+                    ((b * 7 + 3) % blocks) as u32
+                } else {
+                    (blocks - 1 - b) as u32
+                }
+            })
+            .collect();
+        Pool {
+            k: seeded(len, seed),
+            v: seeded(len, seed ^ 0xA5A5),
+            table,
+            block_size,
+            stride,
+        }
+    }
+
+    fn head(&self, offset: usize) -> PagedKv<'_> {
+        PagedKv {
+            k: &self.k,
+            v: &self.v,
+            table: &self.table,
+            block_size: self.block_size,
+            stride: self.stride,
+            offset,
+        }
+    }
+}
+
+/// Runs `attention_paged` for the queries `q[i * q_stride..]` with `lens` and checks every
+/// query's output and probabilities against [`attention_alone`] on the scalar kernels.
+fn check_group_matches_alone(
+    pool: &Pool,
+    offset: usize,
+    q: &[f32],
+    q_stride: usize,
+    head_dim: usize,
+    lens: &[usize],
+) -> Result<(), TestCaseError> {
+    let divisor = (head_dim as f32).sqrt();
+    let kv = pool.head(offset);
+    let reference = CpuKernels::new(Isa::Scalar).unwrap();
+    let want: Vec<_> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            attention_alone(reference, &q[i * q_stride..][..head_dim], &kv, len, divisor)
+        })
+        .collect();
+    let max_len = lens.iter().copied().max().unwrap_or(0);
+    for kern in kernels() {
+        let mut scores = vec![f32::NAN; lens.len() * max_len];
+        let mut out = vec![f32::NAN; lens.len() * head_dim];
+        let queries = AttentionQueries {
+            q,
+            stride: q_stride,
+            head_dim,
+            lens,
+            score_divisor: divisor,
+        };
+        kern.attention_paged(queries, kv, &mut scores, &mut out);
+        for (i, (p, o)) in want.iter().enumerate() {
+            prop_assert_eq!(
+                bits(&out[i * head_dim..][..head_dim]),
+                bits(o),
+                "output of query {} of {:?} (head_dim {}) on {:?}",
+                i,
+                lens,
+                head_dim,
+                kern.isa()
+            );
+            prop_assert_eq!(
+                bits(&scores[i * max_len..][..lens[i]]),
+                bits(p),
+                "probabilities of query {} of {:?} on {:?}",
+                i,
+                lens,
+                kern.isa()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn matmul(kern: CpuKernels, tiling: Tiling, x: &[f32], w: &[f32], k: usize) -> Vec<f32> {
@@ -92,6 +238,34 @@ proptest! {
         }
     }
 
+    /// The multi-query paged kernel against each query alone through the per-block path, for
+    /// random head sizes (ragged 16-lane tails), KV-head offsets, block sizes, group sizes and
+    /// lengths: consecutive (a prefill group's causal mask) or arbitrary.
+    #[test]
+    fn paged_attention_of_a_group_equals_each_query_alone_on_every_isa(
+        head_dim in 1usize..80,
+        kv_heads in 1usize..4,
+        kv_head in 0usize..4,
+        block_size in 1usize..20,
+        first_len in 1usize..70,
+        n in 1usize..=MAX_ATTENTION_QUERIES,
+        consecutive in any::<bool>(),
+        jitter in prop::collection::vec(0usize..70, MAX_ATTENTION_QUERIES),
+        seed in any::<u64>(),
+    ) {
+        let kv_head = kv_head % kv_heads;
+        let stride = head_dim * kv_heads + (seed % 3) as usize;
+        let lens: Vec<usize> = (0..n)
+            .map(|i| if consecutive { first_len + i } else { jitter[i] })
+            .collect();
+        let max_len = lens.iter().copied().max().unwrap();
+        let blocks = max_len.div_ceil(block_size) + 2;
+        let pool = Pool::new(blocks, block_size, stride, seed);
+        let q_stride = head_dim + 5;
+        let q = seeded(n * q_stride, seed ^ 0x5151);
+        check_group_matches_alone(&pool, kv_head * head_dim, &q, q_stride, head_dim, &lens)?;
+    }
+
     #[test]
     fn matmul_rows_are_bit_identical_for_batch_sizes_1_to_9_tilings_and_isas(
         k in 1usize..300, n in 1usize..70, data in values(9 * 300 + 70 * 300..9 * 300 + 70 * 300 + 1),
@@ -151,6 +325,106 @@ proptest! {
             }
         }
     }
+}
+
+/// `dummy:small`'s attention shape (head_dim 64, 12 KV heads, blocks of 16) over a long cached
+/// context: every group of a 23-token chunk (groups of 4, 4, …, 3) equals its queries alone.
+#[test]
+fn paged_attention_at_the_dummy_small_shape_equals_each_query_alone() {
+    let (head_dim, heads, block_size) = (64, 12, 16);
+    let pool = Pool::new(40, block_size, heads * head_dim, 7);
+    let q = seeded(23 * heads * head_dim, 11);
+    let start = 571;
+    for head in [0, 5, 11] {
+        for t0 in (0..23).step_by(MAX_ATTENTION_QUERIES) {
+            let n = (23 - t0).min(MAX_ATTENTION_QUERIES);
+            let lens: Vec<usize> = (0..n).map(|i| start + t0 + i + 1).collect();
+            let rows = &q[t0 * heads * head_dim + head * head_dim..];
+            check_group_matches_alone(
+                &pool,
+                head * head_dim,
+                rows,
+                heads * head_dim,
+                head_dim,
+                &lens,
+            )
+            .unwrap();
+        }
+    }
+}
+
+#[test]
+fn paged_attention_of_empty_queries_writes_zeros() {
+    let pool = Pool::new(2, 4, 8, 3);
+    let q = seeded(16, 4);
+    let mut out = vec![f32::NAN; 16];
+    let queries = AttentionQueries {
+        q: &q,
+        stride: 8,
+        head_dim: 8,
+        lens: &[0, 0],
+        score_divisor: 8f32.sqrt(),
+    };
+    for kern in kernels() {
+        kern.attention_paged(queries, pool.head(0), &mut [], &mut out);
+        assert!(out.iter().all(|&v| v.to_bits() == 0), "{:?}", kern.isa());
+    }
+}
+
+fn paged_call(lens: &[usize], table: &[u32], offset: usize, scores: usize) {
+    let pool = Pool::new(3, 4, 16, 1);
+    let q = seeded(64, 2);
+    let kv = PagedKv {
+        table,
+        offset,
+        ..pool.head(0)
+    };
+    let queries = AttentionQueries {
+        q: &q,
+        stride: 8,
+        head_dim: 8,
+        lens,
+        score_divisor: 8f32.sqrt(),
+    };
+    let mut scores = vec![0.0; scores];
+    let mut out = vec![0.0; lens.len() * 8];
+    CpuKernels::best().attention_paged(queries, kv, &mut scores, &mut out);
+}
+
+#[test]
+fn paged_attention_accepts_a_call_at_the_edges_of_its_buffers() {
+    // 3 blocks × 4 positions; the last head (offset 8) of the last block; scores exactly n × 12.
+    paged_call(&[9, 12, 10, 11], &[2, 0, 1], 8, 4 * 12);
+}
+
+#[test]
+#[should_panic(expected = "block id past the end of a pool")]
+fn paged_attention_rejects_a_block_id_past_the_pool() {
+    paged_call(&[9], &[0, 1, 3], 0, 12);
+}
+
+#[test]
+#[should_panic(expected = "block table shorter than the positions")]
+fn paged_attention_rejects_positions_past_the_block_table() {
+    paged_call(&[13], &[0, 1, 2], 0, 13);
+}
+
+#[test]
+#[should_panic(expected = "head past the end of a pool row")]
+fn paged_attention_rejects_a_head_past_the_row() {
+    paged_call(&[4], &[0], 9, 4);
+}
+
+#[test]
+#[should_panic(expected = "scores must hold n × max(lens)")]
+fn paged_attention_rejects_short_score_scratch() {
+    paged_call(&[4, 5], &[0, 1], 0, 9);
+}
+
+#[test]
+#[should_panic(expected = "1 to 4 queries")]
+fn paged_attention_rejects_more_than_four_queries() {
+    paged_call(&[1, 2, 3, 4, 5], &[0, 1], 0, 25);
 }
 
 #[test]

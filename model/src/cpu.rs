@@ -13,7 +13,9 @@
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
-use zerolayer_kernels::cpu::{CpuKernels, MatmulTarget};
+use zerolayer_kernels::cpu::{
+    AttentionQueries, CpuKernels, MAX_ATTENTION_QUERIES, MatmulTarget, PagedKv,
+};
 
 use crate::backend::{Backend, KvCacheConfig, SeqChunk, check_sampling_sizes, sample_rows};
 use crate::config::ModelConfig;
@@ -52,6 +54,11 @@ struct Scratch {
     pos: Vec<usize>,
     /// Chunk index of each token of the step.
     chunk: Vec<usize>,
+    /// Attention groups of the step: (first token, count) — up to [`MAX_ATTENTION_QUERIES`]
+    /// consecutive tokens of one chunk, which read the same keys and values.
+    groups: Vec<(usize, usize)>,
+    /// Attention output per (head, group) `[H][G][MAX_ATTENTION_QUERIES][head_dim]`.
+    grouped: Vec<f32>,
     /// Logits for `forward_sample` `[W][vocab]`.
     logits: Vec<f32>,
 }
@@ -198,7 +205,7 @@ impl CpuBackend {
                 reason: format!("cannot start worker threads: {e}"),
             })?;
         let scores = (0..threads)
-            .map(|_| Mutex::new(vec![0.0; c.max_seq_len]))
+            .map(|_| Mutex::new(vec![0.0; MAX_ATTENTION_QUERIES * c.max_seq_len]))
             .collect();
         Ok(CpuBackend {
             rope: rope_table(&c),
@@ -301,10 +308,24 @@ impl CpuBackend {
         }
         s.pos.clear();
         s.chunk.clear();
+        s.groups.clear();
         for (i, ch) in batch.iter().enumerate() {
+            let first = s.pos.len();
             s.pos.extend(ch.start_pos..ch.start_pos + ch.tokens.len());
             s.chunk.extend(std::iter::repeat_n(i, ch.tokens.len()));
+            let n = ch.tokens.len();
+            s.groups.extend(
+                (0..n)
+                    .step_by(MAX_ATTENTION_QUERIES)
+                    .map(|g| (first + g, (n - g).min(MAX_ATTENTION_QUERIES))),
+            );
         }
+        let group_len = MAX_ATTENTION_QUERIES * hd;
+        grow(
+            &mut s.grouped,
+            c.n_heads * s.groups.len() * group_len,
+            "step scratch",
+        )?;
         let w = &*self.weights;
         let emb = w.token_embedding();
         for (row, &tok) in
@@ -327,7 +348,8 @@ impl CpuBackend {
             let vb = &mut s.v[..n_tok * kvd];
             let hb = &mut s.hb[..n_tok * hid];
             let hb2 = &mut s.hb2[..n_tok * hid];
-            let (pos, chunk) = (&s.pos[..], &s.chunk[..]);
+            let (pos, chunk, groups) = (&s.pos[..], &s.chunk[..], &s.groups[..]);
+            let grouped = &mut s.grouped[..];
             let par = n_tok >= PAR_ROWS_MIN;
             for (l, lw) in w.layers().iter().enumerate() {
                 rmsnorm_rows(kern, xb, x, &lw.rms_att, eps, d, par);
@@ -365,39 +387,61 @@ impl CpuBackend {
                     vc[dst..dst + kvd].copy_from_slice(&vb[t * kvd..(t + 1) * kvd]);
                 }
                 let (kc, vc) = (&k_cache[l][..], &v_cache[l][..]);
+                // One unit = one head × one group of up to MAX_ATTENTION_QUERIES consecutive
+                // tokens of a chunk: each key and value row loaded serves the whole group. The
+                // kernel computes every query with exactly the operations of that query alone
+                // (kernels/tests/bit_exact.rs), so results do not depend on the grouping, the
+                // batch or the chunking.
+                let n_groups = groups.len();
+                let sqrt_hd = (hd as f32).sqrt();
                 let unit = |u: usize, out: &mut [f32]| {
-                    let (t, h) = (u / c.n_heads, u % c.n_heads);
+                    let (h, gi) = (u / n_groups, u % n_groups);
+                    let (t, g) = groups[gi];
                     let kvh = h / (c.n_heads / c.n_kv_heads);
-                    let qh = &q[t * d + h * hd..t * d + (h + 1) * hd];
-                    let table = batch[chunk[t]].block_table;
-                    let n_pos = pos[t] + 1;
+                    let mut lens = [0; MAX_ATTENTION_QUERIES];
+                    for (i, len) in lens[..g].iter_mut().enumerate() {
+                        *len = pos[t + i] + 1;
+                    }
                     let slot = rayon::current_thread_index().unwrap_or(0) % scores.len();
                     // Poisoning would need a panic inside the kernels, which check shapes upfront.
                     let mut guard = scores[slot].lock().unwrap_or_else(|e| e.into_inner());
-                    let sc = &mut guard[..n_pos];
-                    let sqrt_hd = (hd as f32).sqrt();
-                    for (b, run) in sc.chunks_mut(kv.block_size).enumerate() {
-                        let base = table[b] as usize * kv.block_size * kvd + kvh * hd;
-                        kern.dots_strided(qh, &kc[base..], kvd, run);
-                    }
-                    for v in sc.iter_mut() {
-                        *v /= sqrt_hd;
-                    }
-                    kern.softmax(sc);
-                    out.fill(0.0);
-                    for (b, run) in sc.chunks(kv.block_size).enumerate() {
-                        let base = table[b] as usize * kv.block_size * kvd + kvh * hd;
-                        kern.weighted_sum_strided(out, run, &vc[base..], kvd);
-                    }
+                    kern.attention_paged(
+                        AttentionQueries {
+                            q: &q[t * d + h * hd..],
+                            stride: d,
+                            head_dim: hd,
+                            lens: &lens[..g],
+                            score_divisor: sqrt_hd,
+                        },
+                        PagedKv {
+                            k: kc,
+                            v: vc,
+                            table: batch[chunk[t]].block_table,
+                            block_size: kv.block_size,
+                            stride: kvd,
+                            offset: kvh * hd,
+                        },
+                        &mut guard,
+                        &mut out[..g * hd],
+                    );
                 };
-                if n_tok * c.n_heads > 1 {
-                    att.par_chunks_exact_mut(hd)
+                let grouped = &mut grouped[..c.n_heads * n_groups * group_len];
+                if c.n_heads * n_groups > 1 {
+                    grouped
+                        .par_chunks_exact_mut(group_len)
                         .enumerate()
                         .for_each(|(u, out)| unit(u, out));
                 } else {
-                    att.chunks_exact_mut(hd)
+                    grouped
+                        .chunks_exact_mut(group_len)
                         .enumerate()
                         .for_each(|(u, out)| unit(u, out));
+                }
+                for (u, src) in grouped.chunks_exact(group_len).enumerate() {
+                    let (h, (t, g)) = (u / n_groups, groups[u % n_groups]);
+                    for (i, row) in src[..g * hd].chunks_exact(hd).enumerate() {
+                        att[(t + i) * d + h * hd..][..hd].copy_from_slice(row);
+                    }
                 }
                 kern.matmul(att, d, &mut [MatmulTarget { w: &lw.wo, y: tmp }]);
                 add_rows(x, tmp);

@@ -6,8 +6,8 @@
 
 use std::arch::x86_64::*;
 
-use super::LANES;
 use super::scalar::{EXP_HI, EXP_LO, EXP_POLY};
+use super::{LANES, MAX_ATTENTION_QUERIES, PagedAttention};
 
 /// Lanes of one `__m256`.
 const HALF: usize = 8;
@@ -254,6 +254,148 @@ pub fn weighted_sum_strided(out: &mut [f32], p: &[f32], base: &[f32], stride: us
             }
         }
         d += 4 * HALF;
+    }
+}
+
+/// See [`super::scalar::dots_paged`].
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn dots_paged(a: &PagedAttention<'_>, scores: &mut [f32]) {
+    match a.n {
+        1 => dots_group::<1>(a, scores),
+        2 => dots_group::<2>(a, scores),
+        3 => dots_group::<3>(a, scores),
+        _ => dots_group::<4>(a, scores),
+    }
+}
+
+/// Scores of the `G` queries over every position below `a.max_len`: each key row is loaded once
+/// for all queries; each score has its own 16-lane accumulator (two `__m256`), as in [`dot`].
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn dots_group<const G: usize>(a: &PagedAttention<'_>, scores: &mut [f32]) {
+    let hd = a.head_dim;
+    let qp: [*const f32; G] = std::array::from_fn(|g| a.query(g).as_ptr());
+    let mut keys = a.rows(a.kv.k, 0);
+    for j in 0..a.max_len {
+        let row = keys.next_row();
+        let mut lo = [_mm256_setzero_ps(); G];
+        let mut hi = [_mm256_setzero_ps(); G];
+        let mut i = 0;
+        while i < hd {
+            let m = (hd - i).min(LANES);
+            // SAFETY: position j < max_len, so its head row is inside the key pool (checked by
+            // PagedAttention), and i + m <= head_dim.
+            let (kl, kh) = unsafe { load16(row.wrapping_add(i), m) };
+            for g in 0..G {
+                // SAFETY: query rows are checked by PagedAttention, and i + m <= head_dim.
+                let (ql, qh) = unsafe { load16(qp[g].wrapping_add(i), m) };
+                lo[g] = _mm256_fmadd_ps(ql, kl, lo[g]);
+                hi[g] = _mm256_fmadd_ps(qh, kh, hi[g]);
+            }
+            i += LANES;
+        }
+        for g in 0..G {
+            if j < a.lens[g] {
+                let s = reduce1(lo[g], hi[g]);
+                // x · recip equals x / divisor when recip is set (see PagedAttention::recip).
+                scores[g * a.max_len + j] = match a.recip {
+                    Some(r) => s * r,
+                    None => s / a.divisor,
+                };
+            }
+        }
+    }
+}
+
+/// See [`super::scalar::weighted_sum_paged`]. Positions run in segments between the distinct
+/// query lengths; inside a segment the queries still active share each value row load, each
+/// output element keeping its own FMA chain over increasing positions (through `out` between
+/// segments, which does not round).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn weighted_sum_paged(a: &PagedAttention<'_>, scores: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    let mut start = 0;
+    while let Some(end) = a.lens[..a.n].iter().copied().filter(|&l| l > start).min() {
+        let mut active = [0; MAX_ATTENTION_QUERIES];
+        let mut n = 0;
+        for (i, &len) in a.lens[..a.n].iter().enumerate() {
+            if len > start {
+                active[n] = i;
+                n += 1;
+            }
+        }
+        // 16 ymm registers: G × C accumulators stay at most 8.
+        match n {
+            1 => weighted_rows::<1, 4>(a, scores, out, active, start, end),
+            2 => weighted_rows::<2, 4>(a, scores, out, active, start, end),
+            3 => weighted_rows::<3, 2>(a, scores, out, active, start, end),
+            _ => weighted_rows::<4, 2>(a, scores, out, active, start, end),
+        }
+        start = end;
+    }
+}
+
+/// `o_g[d] = fma(p_g[j], v_j[d], o_g[d])` for positions `start..end` and the `G` queries
+/// `active[..G]`, in passes of `C` 8-lane column chunks.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn weighted_rows<const G: usize, const C: usize>(
+    a: &PagedAttention<'_>,
+    scores: &[f32],
+    out: &mut [f32],
+    active: [usize; MAX_ATTENTION_QUERIES],
+    start: usize,
+    end: usize,
+) {
+    let hd = a.head_dim;
+    let pp: [*const f32; G] =
+        std::array::from_fn(|g| scores.as_ptr().wrapping_add(active[g] * a.max_len));
+    let mut d = 0;
+    while d < hd {
+        let op: [*mut f32; G] =
+            std::array::from_fn(|g| out.as_mut_ptr().wrapping_add(active[g] * hd + d));
+        let counts: [usize; C] =
+            std::array::from_fn(|c| (hd - d).saturating_sub(c * HALF).min(HALF));
+        let mut acc = [[_mm256_setzero_ps(); C]; G];
+        for g in 0..G {
+            for c in 0..C {
+                if counts[c] != 0 {
+                    // SAFETY: columns d + 8c.. + counts[c] <= head_dim of query active[g]'s
+                    // output, inside `out` (checked n × head_dim long).
+                    acc[g][c] = unsafe { load_n(op[g].wrapping_add(c * HALF), counts[c]) };
+                }
+            }
+        }
+        let mut rows = a.rows(a.kv.v, start);
+        for j in start..end {
+            let row = rows.next_row().wrapping_add(d);
+            let mut v = [_mm256_setzero_ps(); C];
+            for c in 0..C {
+                if counts[c] != 0 {
+                    // SAFETY: position j < max_len, so its head row is inside the value pool
+                    // (checked by PagedAttention); columns stay below head_dim.
+                    v[c] = unsafe { load_n(row.wrapping_add(c * HALF), counts[c]) };
+                }
+            }
+            for g in 0..G {
+                // SAFETY: j < lens[active[g]] <= max_len: inside query active[g]'s score row.
+                let p = _mm256_set1_ps(unsafe { pp[g].wrapping_add(j).read() });
+                for c in 0..C {
+                    if counts[c] != 0 {
+                        acc[g][c] = _mm256_fmadd_ps(p, v[c], acc[g][c]);
+                    }
+                }
+            }
+        }
+        for g in 0..G {
+            for c in 0..C {
+                if counts[c] != 0 {
+                    // SAFETY: as for the loads above.
+                    unsafe { store_n(op[g].wrapping_add(c * HALF), counts[c], acc[g][c]) };
+                }
+            }
+        }
+        d += C * HALF;
     }
 }
 

@@ -6,8 +6,8 @@
 
 use std::arch::x86_64::*;
 
-use super::LANES;
 use super::scalar::{EXP_HI, EXP_LO, EXP_POLY};
+use super::{LANES, MAX_ATTENTION_QUERIES, PagedAttention};
 
 /// Mask selecting the first `n` (< 16) lanes.
 #[inline(always)]
@@ -333,6 +333,262 @@ pub fn weighted_sum_strided(out: &mut [f32], p: &[f32], base: &[f32], stride: us
             }
         }
         d += 4 * LANES;
+    }
+}
+
+/// Accumulator of a `G × R` attention tile (`G · R = 16`) whose sum [`reduce16`] leaves in lane
+/// `lane` (lane `4k + j` holds accumulator `4j + k`). Query `g`, key row `r` uses lane `g · R + r`,
+/// so each query's `R` scores come out contiguous.
+const fn tile_acc(lane: usize) -> usize {
+    4 * (lane % 4) + lane / 4
+}
+
+/// See [`super::scalar::dots_paged`]: `G` queries × `R` key rows per tile, `G · R = 16`.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) fn dots_paged(a: &PagedAttention<'_>, scores: &mut [f32]) {
+    match a.n {
+        1 => dots_group::<1, 16>(a, scores),
+        2 => dots_group::<2, 8>(a, scores),
+        // Three queries run as four with the last one repeated (its results are not stored).
+        _ => dots_group::<4, 4>(a, scores),
+    }
+}
+
+/// Scores of `G` queries (rows past `a.n` repeat the last query and are not stored) over every
+/// position below `a.max_len`, `R` key rows at a time; each score follows [`dot`]'s lane scheme
+/// in its own accumulator, then one [`reduce16`] for the tile's 16 sums.
+// Register tiles indexed by query and row read most clearly as index loops.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn dots_group<const G: usize, const R: usize>(a: &PagedAttention<'_>, scores: &mut [f32]) {
+    debug_assert!(G * R == LANES && a.n <= G);
+    let hd = a.head_dim;
+    let full = hd - hd % LANES;
+    let tail = tail_mask(hd - full);
+    let qp: [*const f32; G] = std::array::from_fn(|g| a.query(g.min(a.n - 1)).as_ptr());
+    let sp = scores.as_mut_ptr();
+    let recip = _mm512_set1_ps(a.recip.unwrap_or(1.0));
+    let divisor = _mm512_set1_ps(a.divisor);
+    let mut keys = a.rows(a.kv.k, 0);
+    let mut rows = [std::ptr::null::<f32>(); R];
+    let mut j0 = 0;
+    while j0 < a.max_len {
+        // Positions past the end repeat the last row (their scores are not stored).
+        for r in 0..R {
+            rows[r] = if j0 + r < a.max_len {
+                keys.next_row()
+            } else {
+                rows[r - 1]
+            };
+        }
+        let mut acc = [_mm512_setzero_ps(); LANES];
+        let mut i = 0;
+        while i < full {
+            let mut qv = [_mm512_setzero_ps(); G];
+            for g in 0..G {
+                // SAFETY: i + 16 <= head_dim, and every query row is checked by PagedAttention.
+                qv[g] = unsafe { load(qp[g].wrapping_add(i)) };
+            }
+            for r in 0..R {
+                // SAFETY: rows[r] is the head row of a position below max_len (checked by
+                // PagedAttention), and i + 16 <= head_dim.
+                let kv = unsafe { load(rows[r].wrapping_add(i)) };
+                for g in 0..G {
+                    let x = tile_acc(g * R + r);
+                    acc[x] = _mm512_fmadd_ps(qv[g], kv, acc[x]);
+                }
+            }
+            i += LANES;
+        }
+        if full < hd {
+            let mut qv = [_mm512_setzero_ps(); G];
+            for g in 0..G {
+                // SAFETY: the mask covers lanes full..head_dim of a checked query row only.
+                qv[g] = unsafe { load_masked(tail, qp[g].wrapping_add(full)) };
+            }
+            for r in 0..R {
+                // SAFETY: the mask covers lanes full..head_dim of a checked head row only.
+                let kv = unsafe { load_masked(tail, rows[r].wrapping_add(full)) };
+                for g in 0..G {
+                    let x = tile_acc(g * R + r);
+                    acc[x] = _mm512_fmadd_ps(qv[g], kv, acc[x]);
+                }
+            }
+        }
+        let sums = reduce16(&acc);
+        // x · recip equals x / divisor when recip is set (see PagedAttention::recip).
+        let sums = if a.recip.is_some() {
+            _mm512_mul_ps(sums, recip)
+        } else {
+            _mm512_div_ps(sums, divisor)
+        };
+        for g in 0..a.n {
+            let valid = a.lens[g].saturating_sub(j0).min(R);
+            if valid > 0 {
+                let dst = sp.wrapping_add(g * a.max_len + j0);
+                // SAFETY: query g's scores are scores[g · max_len..][..lens[g]] (inside `scores`,
+                // checked n × max_len long) and j0 + valid <= lens[g].
+                unsafe { store_query_lanes::<G, R>(sums, g, dst, valid) };
+            }
+        }
+        j0 += R;
+    }
+}
+
+/// Stores lanes `g · R .. g · R + valid` of `v` at `dst`.
+///
+/// # Safety
+/// `dst..dst + valid` must be writable; `valid <= R`, `g < G`, `G · R = 16`.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn store_query_lanes<const G: usize, const R: usize>(
+    v: __m512,
+    g: usize,
+    dst: *mut f32,
+    valid: usize,
+) {
+    if valid == R && G == 4 {
+        let part = match g {
+            0 => _mm512_extractf32x4_ps::<0>(v),
+            1 => _mm512_extractf32x4_ps::<1>(v),
+            2 => _mm512_extractf32x4_ps::<2>(v),
+            _ => _mm512_extractf32x4_ps::<3>(v),
+        };
+        // SAFETY: valid = R = 4 floats at dst are writable (caller).
+        unsafe { _mm_storeu_ps(dst, part) };
+    } else {
+        let v = if g == 0 {
+            v
+        } else {
+            // Move lanes g·R.. down to 0.. (the index wraps modulo 16; lanes past `valid` are
+            // not stored).
+            let idx = _mm512_add_epi32(
+                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                _mm512_set1_epi32((g * R) as i32),
+            );
+            _mm512_permutexvar_ps(idx, v)
+        };
+        let m = if valid >= LANES {
+            0xFFFF
+        } else {
+            tail_mask(valid)
+        };
+        // SAFETY: the mask covers dst..dst + valid only, writable (caller).
+        unsafe { _mm512_mask_storeu_ps(dst, m, v) };
+    }
+}
+
+/// See [`super::scalar::weighted_sum_paged`]. Positions run in segments between the distinct
+/// query lengths; inside a segment every query still active shares each value row load, and
+/// each output element keeps its own FMA chain over increasing positions (the accumulators go
+/// through `out` between segments, which does not round).
+#[target_feature(enable = "avx512f,fma")]
+pub(super) fn weighted_sum_paged(a: &PagedAttention<'_>, scores: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    let mut start = 0;
+    while let Some(end) = a.lens[..a.n].iter().copied().filter(|&l| l > start).min() {
+        let mut active = [0; MAX_ATTENTION_QUERIES];
+        let mut n = 0;
+        for (i, &len) in a.lens[..a.n].iter().enumerate() {
+            if len > start {
+                active[n] = i;
+                n += 1;
+            }
+        }
+        match n {
+            1 => weighted_rows::<1>(a, scores, out, active, start, end),
+            2 => weighted_rows::<2>(a, scores, out, active, start, end),
+            3 => weighted_rows::<3>(a, scores, out, active, start, end),
+            _ => weighted_rows::<4>(a, scores, out, active, start, end),
+        }
+        start = end;
+    }
+}
+
+/// `o_g[d] = fma(p_g[j], v_j[d], o_g[d])` for positions `start..end` (all below every active
+/// query's length) and the `G` queries `active[..G]`, in passes of up to 64 output columns.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn weighted_rows<const G: usize>(
+    a: &PagedAttention<'_>,
+    scores: &[f32],
+    out: &mut [f32],
+    active: [usize; MAX_ATTENTION_QUERIES],
+    start: usize,
+    end: usize,
+) {
+    let hd = a.head_dim;
+    let mut d = 0;
+    while d < hd {
+        let left = hd - d;
+        let last = if left.is_multiple_of(LANES) {
+            0xFFFF
+        } else {
+            tail_mask(left % LANES)
+        };
+        match left {
+            0..=16 => weighted_pass::<G, 1>(a, scores, out, active, start, end, d, last),
+            17..=32 => weighted_pass::<G, 2>(a, scores, out, active, start, end, d, last),
+            33..=48 => weighted_pass::<G, 3>(a, scores, out, active, start, end, d, last),
+            49..=64 => weighted_pass::<G, 4>(a, scores, out, active, start, end, d, last),
+            _ => weighted_pass::<G, 4>(a, scores, out, active, start, end, d, 0xFFFF),
+        }
+        d += 4 * LANES;
+    }
+}
+
+/// One pass of [`weighted_rows`] over columns `d..d + 16·C` (the last chunk masked by `last`),
+/// with `G × C` accumulators in registers.
+// Register tiles indexed by query and column chunk read most clearly as index loops.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn weighted_pass<const G: usize, const C: usize>(
+    a: &PagedAttention<'_>,
+    scores: &[f32],
+    out: &mut [f32],
+    active: [usize; MAX_ATTENTION_QUERIES],
+    start: usize,
+    end: usize,
+    d: usize,
+    last: __mmask16,
+) {
+    let mask = |c: usize| if c + 1 == C { last } else { 0xFFFF };
+    let op: [*mut f32; G] =
+        std::array::from_fn(|g| out.as_mut_ptr().wrapping_add(active[g] * a.head_dim + d));
+    let pp: [*const f32; G] =
+        std::array::from_fn(|g| scores.as_ptr().wrapping_add(active[g] * a.max_len));
+    let mut acc = [[_mm512_setzero_ps(); C]; G];
+    for g in 0..G {
+        for c in 0..C {
+            // SAFETY: the mask covers columns d + 16c.. of query active[g]'s output, inside its
+            // head_dim floats of `out` (checked n × head_dim long).
+            acc[g][c] = unsafe { load_masked(mask(c), op[g].wrapping_add(c * LANES)) };
+        }
+    }
+    let mut rows = a.rows(a.kv.v, start);
+    for j in start..end {
+        let row = rows.next_row().wrapping_add(d);
+        let mut v = [_mm512_setzero_ps(); C];
+        for c in 0..C {
+            // SAFETY: position j < max_len, so its head row is inside the value pool (checked by
+            // PagedAttention); the mask keeps columns below head_dim.
+            v[c] = unsafe { load_masked(mask(c), row.wrapping_add(c * LANES)) };
+        }
+        for g in 0..G {
+            // SAFETY: j < lens[active[g]] <= max_len: inside query active[g]'s score row.
+            let p = _mm512_set1_ps(unsafe { pp[g].wrapping_add(j).read() });
+            for c in 0..C {
+                acc[g][c] = _mm512_fmadd_ps(p, v[c], acc[g][c]);
+            }
+        }
+    }
+    for g in 0..G {
+        for c in 0..C {
+            // SAFETY: as for the loads above.
+            unsafe { _mm512_mask_storeu_ps(op[g].wrapping_add(c * LANES), mask(c), acc[g][c]) };
+        }
     }
 }
 

@@ -45,6 +45,13 @@ pub const LANES: usize = 16;
 /// Most weight matrices one [`CpuKernels::matmul`] call may fuse (q/k/v is three).
 pub const MAX_MATMUL_TARGETS: usize = 4;
 
+/// Most query rows one [`CpuKernels::attention_paged`] call serves. Four queries × four key rows
+/// are the AVX-512 path's 16 accumulators (one transposed [`reduce16`] per tile) and four queries
+/// × four 16-lane output chunks its 16 weighted-sum accumulators: each key or value row loaded
+/// from L2 then serves four queries, and the weighted sum has 16 independent FMA chains instead
+/// of 4 (one query's chains are latency-bound).
+pub const MAX_ATTENTION_QUERIES: usize = 4;
+
 /// An instruction set the kernels can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -130,6 +137,240 @@ pub struct MatmulTarget<'a> {
     pub w: &'a [f32],
     /// Output, row-major `[m][n]`; fully overwritten.
     pub y: &'a mut [f32],
+}
+
+/// The keys and values of one KV head of one sequence in a paged pool (the CPU backend's layout:
+/// per layer `[num_blocks][block_size][stride]` floats for K and the same for V).
+///
+/// Position `j` is row `j % block_size` of block `table[j / block_size]`; its head's
+/// `head_dim` floats start at `(table[j / block_size] · block_size + j % block_size) · stride +
+/// offset`.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedKv<'a> {
+    /// Key pool of one layer.
+    pub k: &'a [f32],
+    /// Value pool of the same layer, same layout as `k`.
+    pub v: &'a [f32],
+    /// The sequence's block table (block ids into the pools).
+    pub table: &'a [u32],
+    /// Positions per block.
+    pub block_size: usize,
+    /// Floats per position in the pools (all KV heads of a position: `kv_dim`).
+    pub stride: usize,
+    /// Where this KV head starts inside a position's row (`kv_head × head_dim`).
+    pub offset: usize,
+}
+
+/// Query rows of one attention head that read the same keys and values (consecutive tokens of
+/// one sequence, or a single decode token).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionQueries<'a> {
+    /// Query `i` is `q[i * stride..][..head_dim]` (RoPE already applied).
+    pub q: &'a [f32],
+    /// Distance between consecutive query rows in `q` (the model dimension for rows of a
+    /// `[tokens][dim]` buffer).
+    pub stride: usize,
+    /// Floats per head.
+    pub head_dim: usize,
+    /// Query `i` attends to positions `0..lens[i]` (causal: its own position + 1). At most
+    /// [`MAX_ATTENTION_QUERIES`] entries; any order, but reads go up to the largest, so keep them
+    /// close (consecutive tokens differ by one).
+    pub lens: &'a [usize],
+    /// Every score is divided by this (`sqrt(head_dim)` for Llama, like llama2.c).
+    pub score_divisor: f32,
+}
+
+/// An attention call whose indices [`CpuKernels::attention_paged`] checked: every query row,
+/// every pool row of positions `0..max_len` of `kv` (both pools) and the score rows lie inside
+/// their slices. The instruction-set modules read through raw pointers on the strength of it,
+/// without further checks; it can only be built by [`PagedAttention::new`].
+struct PagedAttention<'a> {
+    /// The query rows (checked: `(n - 1) · q_stride + head_dim <= q.len()`).
+    q: &'a [f32],
+    /// Distance between query rows.
+    q_stride: usize,
+    /// Floats per head (positive).
+    head_dim: usize,
+    /// Number of queries, `1..=MAX_ATTENTION_QUERIES`.
+    n: usize,
+    /// Positions per query (entries past `n` are 0).
+    lens: [usize; MAX_ATTENTION_QUERIES],
+    /// The largest of `lens`: positions `0..max_len` are readable, and query `i`'s scores live at
+    /// `scores[i · max_len..][..lens[i]]`.
+    max_len: usize,
+    /// The score divisor.
+    divisor: f32,
+    /// `1 / divisor` when that is a power of two, so that `x · recip` equals `x / divisor` for
+    /// every `x` (both are the correctly rounded value of the same real number): the SIMD paths
+    /// then multiply instead of dividing. `None` otherwise.
+    recip: Option<f32>,
+    /// Keys and values (checked as described above).
+    kv: PagedKv<'a>,
+}
+
+impl<'a> PagedAttention<'a> {
+    /// Checks every index of an [`CpuKernels::attention_paged`] call (panicking with a message
+    /// on a caller bug, like the other kernels).
+    fn new(queries: AttentionQueries<'a>, kv: PagedKv<'a>, scores: usize, out: usize) -> Self {
+        let AttentionQueries {
+            q,
+            stride: q_stride,
+            head_dim,
+            lens: lens_in,
+            score_divisor: divisor,
+        } = queries;
+        let n = lens_in.len();
+        assert!(
+            (1..=MAX_ATTENTION_QUERIES).contains(&n),
+            "attention_paged: 1 to {MAX_ATTENTION_QUERIES} queries, got {n}"
+        );
+        assert!(head_dim > 0, "attention_paged: head_dim must be positive");
+        assert!(
+            (n - 1)
+                .checked_mul(q_stride)
+                .and_then(|s| s.checked_add(head_dim))
+                .is_some_and(|e| e <= q.len()),
+            "attention_paged: query rows past the end of q"
+        );
+        let mut lens = [0; MAX_ATTENTION_QUERIES];
+        lens[..n].copy_from_slice(lens_in);
+        let max_len = lens.iter().copied().max().unwrap_or(0);
+        assert_eq!(
+            out,
+            n * head_dim,
+            "attention_paged: out must hold n × head_dim"
+        );
+        assert!(
+            n.checked_mul(max_len).is_some_and(|s| s <= scores),
+            "attention_paged: scores must hold n × max(lens)"
+        );
+        assert!(
+            kv.block_size > 0 && kv.stride > 0,
+            "attention_paged: block_size and stride must be positive"
+        );
+        assert!(
+            kv.offset
+                .checked_add(head_dim)
+                .is_some_and(|e| e <= kv.stride),
+            "attention_paged: head past the end of a pool row"
+        );
+        let block_len = kv
+            .block_size
+            .checked_mul(kv.stride)
+            .expect("attention_paged: block size overflows");
+        let blocks_k = kv.k.len() / block_len;
+        let blocks_v = kv.v.len() / block_len;
+        let needed = max_len.div_ceil(kv.block_size);
+        assert!(
+            kv.table.len() >= needed,
+            "attention_paged: block table shorter than the positions"
+        );
+        // Block b's rows end at (b + 1) · block_len <= pool length, so every row of positions
+        // 0..max_len (block < needed) with the head's floats (offset + head_dim <= stride) is
+        // inside both pools.
+        assert!(
+            kv.table[..needed]
+                .iter()
+                .all(|&b| (b as usize) < blocks_k && (b as usize) < blocks_v),
+            "attention_paged: block id past the end of a pool"
+        );
+        let bits = divisor.to_bits();
+        let pow2 = divisor.is_normal() && divisor > 0.0 && bits & 0x007F_FFFF == 0;
+        // A normal power of two up to 2^126 has an exact normal reciprocal.
+        let recip = (pow2 && divisor <= 2f32.powi(126)).then(|| 1.0 / divisor);
+        PagedAttention {
+            q,
+            q_stride,
+            head_dim,
+            n,
+            lens,
+            max_len,
+            divisor,
+            recip,
+            kv,
+        }
+    }
+
+    /// Query `i` (`i < n`).
+    fn query(&self, i: usize) -> &'a [f32] {
+        &self.q[i * self.q_stride..][..self.head_dim]
+    }
+
+    /// The pool offset of position `j`'s head row.
+    fn row_offset(&self, j: usize) -> usize {
+        let kv = &self.kv;
+        (kv.table[j / kv.block_size] as usize * kv.block_size + j % kv.block_size) * kv.stride
+            + kv.offset
+    }
+
+    /// A cursor over `pool`'s head rows of positions `start..` (one table lookup per block).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn rows(&self, pool: &'a [f32], start: usize) -> RowCursor<'a> {
+        let kv = &self.kv;
+        let mut c = RowCursor {
+            pool,
+            table: kv.table,
+            block_size: kv.block_size,
+            stride: kv.stride,
+            offset: kv.offset,
+            block: start / kv.block_size,
+            in_block: start % kv.block_size,
+            row: std::ptr::null(),
+        };
+        if start < self.max_len {
+            c.row = c.block_start().wrapping_add(c.in_block * c.stride);
+        }
+        c
+    }
+}
+
+/// Pointers to the head rows of consecutive positions of a pool, for the SIMD paths. Building
+/// the pointers is safe; reading through them is sound only for positions below the
+/// [`PagedAttention`]'s `max_len`, which its callers guarantee.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct RowCursor<'a> {
+    /// The pool (K or V of one layer).
+    pool: &'a [f32],
+    /// The block table.
+    table: &'a [u32],
+    /// Positions per block.
+    block_size: usize,
+    /// Floats per position.
+    stride: usize,
+    /// The head's offset inside a row.
+    offset: usize,
+    /// Block index (into `table`) of the next position.
+    block: usize,
+    /// Row of the next position inside its block.
+    in_block: usize,
+    /// Pointer to the next position's head row (valid once the block was entered).
+    row: *const f32,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl RowCursor<'_> {
+    /// Pointer to the head row of row 0 of the current block.
+    #[inline(always)]
+    fn block_start(&self) -> *const f32 {
+        let b = self.table[self.block] as usize;
+        self.pool
+            .as_ptr()
+            .wrapping_add(b * self.block_size * self.stride + self.offset)
+    }
+
+    /// The next position's head row; advances by one position.
+    #[inline(always)]
+    fn next_row(&mut self) -> *const f32 {
+        if self.in_block == self.block_size {
+            self.block += 1;
+            self.in_block = 0;
+            self.row = self.block_start();
+        }
+        let r = self.row;
+        self.in_block += 1;
+        self.row = self.row.wrapping_add(self.stride);
+        r
+    }
 }
 
 /// Handle to the kernels of one instruction set; cheap to copy.
@@ -252,6 +493,35 @@ impl CpuKernels {
             );
         }
         dispatch!(self.isa, weighted_sum_strided(out, p, base, stride))
+    }
+
+    /// Attention of up to [`MAX_ATTENTION_QUERIES`] queries of one head over a paged KV cache,
+    /// each with exactly the operation sequence of a query computed alone:
+    ///
+    /// 1. `s[j] = dot(q_i, k_j) / score_divisor` for `j < lens[i]` ([`CpuKernels::dot`]'s lane
+    ///    scheme);
+    /// 2. [`CpuKernels::softmax`] of `s[..lens[i]]`;
+    /// 3. `o[d] = +0`, then `o[d] = fma(s[j], v_j[d], o[d])` for `j` increasing.
+    ///
+    /// Query `i`'s output is `out[i · head_dim..][..head_dim]` (fully overwritten). `scores` is
+    /// scratch of at least `lens.len() × max(lens)` floats (query `i`'s probabilities are left at
+    /// `scores[i · max(lens)..][..lens[i]]`). The queries share every key and value row they load,
+    /// and the block table is walked once per call. Panics (a caller bug) if any row, block id or
+    /// buffer is out of range; everything is checked here, before any arithmetic.
+    pub fn attention_paged(
+        &self,
+        queries: AttentionQueries<'_>,
+        kv: PagedKv<'_>,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let a = PagedAttention::new(queries, kv, scores.len(), out.len());
+        dispatch!(self.isa, dots_paged(&a, scores));
+        for i in 0..a.n {
+            let s = &mut scores[i * a.max_len..][..a.lens[i]];
+            dispatch!(self.isa, softmax(s));
+        }
+        dispatch!(self.isa, weighted_sum_paged(&a, scores, out));
     }
 
     /// Sum of `x` as fast as possible (independent accumulators; **not** the lane scheme). Used to

@@ -171,3 +171,31 @@ pub fn tile_1x16(x: &[f32], w: [&[f32]; 16]) -> [f32; 16] {
     }
     out
 }
+
+/// See [`super::CpuKernels::attention_paged`], step 1: `scores[i · max_len + j] = dot(q_i, k_j) /
+/// divisor` for `j < lens[i]`.
+pub(super) fn dots_paged(a: &super::PagedAttention<'_>, scores: &mut [f32]) {
+    for i in 0..a.n {
+        let q = a.query(i);
+        let row = &mut scores[i * a.max_len..][..a.lens[i]];
+        for (j, s) in row.iter_mut().enumerate() {
+            let k = &a.kv.k[a.row_offset(j)..][..a.head_dim];
+            *s = dot(q, k) / a.divisor;
+        }
+    }
+}
+
+/// See [`super::CpuKernels::attention_paged`], step 3: `o_i[d] = +0`, then
+/// `o_i[d] = fma(p_i[j], v_j[d], o_i[d])` for `j < lens[i]` in increasing order.
+pub(super) fn weighted_sum_paged(a: &super::PagedAttention<'_>, scores: &[f32], out: &mut [f32]) {
+    for i in 0..a.n {
+        let o = &mut out[i * a.head_dim..][..a.head_dim];
+        o.fill(0.0);
+        for (j, &p) in scores[i * a.max_len..][..a.lens[i]].iter().enumerate() {
+            let v = &a.kv.v[a.row_offset(j)..][..a.head_dim];
+            for (od, &vd) in o.iter_mut().zip(v) {
+                *od = p.mul_add(vd, *od);
+            }
+        }
+    }
+}
