@@ -314,16 +314,7 @@ fn dots_group<const G: usize>(a: &PagedAttention<'_>, scores: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn weighted_sum_paged(a: &PagedAttention<'_>, scores: &[f32], out: &mut [f32]) {
     out.fill(0.0);
-    let mut start = 0;
-    while let Some(end) = a.lens[..a.n].iter().copied().filter(|&l| l > start).min() {
-        let mut active = [0; MAX_ATTENTION_QUERIES];
-        let mut n = 0;
-        for (i, &len) in a.lens[..a.n].iter().enumerate() {
-            if len > start {
-                active[n] = i;
-                n += 1;
-            }
-        }
+    for (start, end, active, n) in a.segments() {
         // 16 ymm registers: G × C accumulators stay at most 8.
         match n {
             1 => weighted_rows::<1, 4>(a, scores, out, active, start, end),
@@ -331,7 +322,6 @@ pub(super) fn weighted_sum_paged(a: &PagedAttention<'_>, scores: &[f32], out: &m
             3 => weighted_rows::<3, 2>(a, scores, out, active, start, end),
             _ => weighted_rows::<4, 2>(a, scores, out, active, start, end),
         }
-        start = end;
     }
 }
 

@@ -486,23 +486,13 @@ unsafe fn store_query_lanes<const G: usize, const R: usize>(
 #[target_feature(enable = "avx512f,fma")]
 pub(super) fn weighted_sum_paged(a: &PagedAttention<'_>, scores: &[f32], out: &mut [f32]) {
     out.fill(0.0);
-    let mut start = 0;
-    while let Some(end) = a.lens[..a.n].iter().copied().filter(|&l| l > start).min() {
-        let mut active = [0; MAX_ATTENTION_QUERIES];
-        let mut n = 0;
-        for (i, &len) in a.lens[..a.n].iter().enumerate() {
-            if len > start {
-                active[n] = i;
-                n += 1;
-            }
-        }
+    for (start, end, active, n) in a.segments() {
         match n {
             1 => weighted_rows::<1>(a, scores, out, active, start, end),
             2 => weighted_rows::<2>(a, scores, out, active, start, end),
             3 => weighted_rows::<3>(a, scores, out, active, start, end),
             _ => weighted_rows::<4>(a, scores, out, active, start, end),
         }
-        start = end;
     }
 }
 

@@ -303,6 +303,14 @@ impl<'a> PagedAttention<'a> {
             + kv.offset
     }
 
+    /// The position segments of a weighted sum over the queries: consecutive ranges
+    /// `start..end` between the distinct query lengths, each with the queries still active in it
+    /// (those whose length exceeds `start`) and their count.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn segments(&self) -> Segments<'_, 'a> {
+        Segments { a: self, start: 0 }
+    }
+
     /// A cursor over `pool`'s head rows of positions `start..` (one table lookup per block).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn rows(&self, pool: &'a [f32], start: usize) -> RowCursor<'a> {
@@ -321,6 +329,36 @@ impl<'a> PagedAttention<'a> {
             c.row = c.block_start().wrapping_add(c.in_block * c.stride);
         }
         c
+    }
+}
+
+/// Iterator of [`PagedAttention::segments`]: `(start, end, active, n)` with `active[..n]` the
+/// queries whose length exceeds `start` (every one of them reaches at least `end`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Segments<'s, 'a> {
+    /// The checked call.
+    a: &'s PagedAttention<'a>,
+    /// Where the next segment starts.
+    start: usize,
+}
+
+impl Iterator for Segments<'_, '_> {
+    type Item = (usize, usize, [usize; MAX_ATTENTION_QUERIES], usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let lens = &self.a.lens[..self.a.n];
+        let start = self.start;
+        let end = lens.iter().copied().filter(|&l| l > start).min()?;
+        let mut active = [0; MAX_ATTENTION_QUERIES];
+        let mut n = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            if len > start {
+                active[n] = i;
+                n += 1;
+            }
+        }
+        self.start = end;
+        Some((start, end, active, n))
     }
 }
 
