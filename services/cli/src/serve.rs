@@ -220,6 +220,11 @@ pub struct ShmArgs {
     /// Response ring size in MiB.
     #[arg(long, env = "ZEROLAYER_SHM_RESPONSE_RING_MB", default_value_t = 4)]
     pub shm_response_ring_mb: usize,
+    /// How long a waiting side of the channel busy-polls before it sleeps on a futex, in
+    /// microseconds (0: sleep at once). Longer spins save wake-ups on machines with idle cores
+    /// and cost CPU on busy ones.
+    #[arg(long, env = "ZEROLAYER_SHM_SPIN_US", default_value_t = zerolayer_shm::config::DEFAULT_SPIN.as_micros() as u64)]
+    pub shm_spin_us: u64,
 }
 
 impl ShmArgs {
@@ -229,6 +234,9 @@ impl ShmArgs {
             ShmConfig::new(&self.shm).map_err(|e| anyhow::anyhow!("--shm {:?}: {e}", self.shm))?;
         cfg.request_ring_bytes = self.shm_request_ring_mb << 20;
         cfg.response_ring_bytes = self.shm_response_ring_mb << 20;
+        cfg.wait = zerolayer_shm::WaitStrategy::SpinThenPark {
+            spin: Duration::from_micros(self.shm_spin_us),
+        };
         cfg.validate()
             .map_err(|e| anyhow::anyhow!("shared-memory settings: {e}"))?;
         Ok(cfg)
