@@ -146,6 +146,47 @@ impl Axis {
     }
 }
 
+/// A chart with plain `f64` axes on an SVG drawing area (every chart here).
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One mode's line with its legend entry, plus a dot at every point when `dots`.
+fn draw_mode_line(
+    chart: &mut Chart<'_, '_>,
+    pts: Vec<(f64, f64)>,
+    c: RGBColor,
+    label: &str,
+    dots: bool,
+) -> anyhow::Result<()> {
+    let dot_pts = if dots { pts.clone() } else { Vec::new() };
+    chart
+        .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    chart
+        .draw_series(dot_pts.into_iter().map(|p| Circle::new(p, 3, c.filled())))
+        .map_err(err)?;
+    Ok(())
+}
+
+/// The legend of the modes' lines at `position`.
+fn draw_legend<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
 fn latency_cdf(report: &Report, modes: &[&ModeReport], path: &Path) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -186,21 +227,9 @@ fn latency_cdf(report: &Report, modes: &[&ModeReport], path: &Path) -> anyhow::R
         for (i, (label, pts)) in series.into_iter().enumerate() {
             let c = colour(&label, i);
             let pts: Vec<(f64, f64)> = pts.into_iter().map(|(v, f)| (x.map(v), f)).collect();
-            chart
-                .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-                .map_err(err)?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+            draw_mode_line(&mut chart, pts, c, &label, false)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     }
     root.present().map_err(err)?;
     Ok(())
@@ -248,25 +277,12 @@ fn ttft_by_turn(modes: &[&ModeReport], path: &Path) -> anyhow::Result<()> {
             .iter()
             .filter_map(|t| t.ttft_ms.map(|p| (t.turn as f64, p.p95)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(p50.clone(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(m.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
-        chart
-            .draw_series(p50.iter().map(|&p| Circle::new(p, 3, c.filled())))
-            .map_err(err)?;
+        draw_mode_line(&mut chart, p50, c, &m.label, true)?;
         chart
             .draw_series(DashedLineSeries::new(p95, 6, 4, c.stroke_width(1)))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -324,22 +340,9 @@ fn throughput(modes: &[&ModeReport], path: &Path) -> anyhow::Result<()> {
             .iter()
             .map(|l| (x.map(level_x(&l.level, l.mean_in_flight)), l.requests_per_s))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(m.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
-            .map_err(err)?;
+        draw_mode_line(&mut chart, pts, c, &m.label, true)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
 
     let pts_of = |m: &ModeReport| -> Vec<(f64, f64)> {
         m.by_level
@@ -381,22 +384,9 @@ fn throughput(modes: &[&ModeReport], path: &Path) -> anyhow::Result<()> {
             .into_iter()
             .map(|(a, b)| (x.map(a), y.map(b)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(m.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
-            .map_err(err)?;
+        draw_mode_line(&mut chart, pts, c, &m.label, true)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(err)?;
     Ok(())
 }
