@@ -18,6 +18,27 @@ impl KvCacheConfig {
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size.max(1))
     }
+
+    /// Checks that `table` covers positions `0..len` with block ids inside the pool (`chunk`
+    /// names the table in the error).
+    pub fn check_table(&self, chunk: usize, table: &[u32], len: usize) -> Result<(), BackendError> {
+        let needed = self.blocks_for(len);
+        let Some(covering) = table.get(..needed) else {
+            return Err(BackendError::BlockTableTooShort {
+                chunk,
+                needed,
+                actual: table.len(),
+            });
+        };
+        match covering.iter().find(|&&b| b as usize >= self.num_blocks) {
+            Some(&block) => Err(BackendError::BlockOutOfRange {
+                chunk,
+                block,
+                num_blocks: self.num_blocks,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// One sequence's part of a forward step.

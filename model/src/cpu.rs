@@ -257,24 +257,7 @@ impl CpuBackend {
                     max_seq_len: c.max_seq_len,
                 });
             }
-            let needed = self.kv.blocks_for(end);
-            if ch.block_table.len() < needed {
-                return Err(BackendError::BlockTableTooShort {
-                    chunk: i,
-                    needed,
-                    actual: ch.block_table.len(),
-                });
-            }
-            if let Some(&b) = ch.block_table[..needed]
-                .iter()
-                .find(|&&b| b as usize >= self.kv.num_blocks)
-            {
-                return Err(BackendError::BlockOutOfRange {
-                    chunk: i,
-                    block: b,
-                    num_blocks: self.kv.num_blocks,
-                });
-            }
+            self.kv.check_table(i, ch.block_table, end)?;
             tokens += ch.tokens.len();
             wanting += ch.want_logits as usize;
         }
@@ -575,26 +558,8 @@ impl Backend for CpuBackend {
 
     fn copy_kv(&mut self, src: &[u32], dst: &[u32], len: usize) -> Result<(), BackendError> {
         let kv = self.kv;
-        let needed = kv.blocks_for(len);
-        for (chunk, table) in [src, dst].into_iter().enumerate() {
-            if table.len() < needed {
-                return Err(BackendError::BlockTableTooShort {
-                    chunk,
-                    needed,
-                    actual: table.len(),
-                });
-            }
-            if let Some(&b) = table[..needed]
-                .iter()
-                .find(|&&b| b as usize >= kv.num_blocks)
-            {
-                return Err(BackendError::BlockOutOfRange {
-                    chunk,
-                    block: b,
-                    num_blocks: kv.num_blocks,
-                });
-            }
-        }
+        kv.check_table(0, src, len)?;
+        kv.check_table(1, dst, len)?;
         let kvd = self.weights.config().kv_dim();
         let offset = |table: &[u32], p: usize| {
             (table[p / kv.block_size] as usize * kv.block_size + p % kv.block_size) * kvd

@@ -902,26 +902,8 @@ impl Backend for CudaBackend {
 
     fn copy_kv(&mut self, src: &[u32], dst: &[u32], len: usize) -> Result<(), BackendError> {
         let kv = self.kv;
-        let needed = kv.blocks_for(len);
-        for (chunk, table) in [src, dst].into_iter().enumerate() {
-            if table.len() < needed {
-                return Err(BackendError::BlockTableTooShort {
-                    chunk,
-                    needed,
-                    actual: table.len(),
-                });
-            }
-            if let Some(&b) = table[..needed]
-                .iter()
-                .find(|&&b| b as usize >= kv.num_blocks)
-            {
-                return Err(BackendError::BlockOutOfRange {
-                    chunk,
-                    block: b,
-                    num_blocks: kv.num_blocks,
-                });
-            }
-        }
+        kv.check_table(0, src, len)?;
+        kv.check_table(1, dst, len)?;
         if len > self.config.max_seq_len {
             return Err(BackendError::ContextOverflow {
                 chunk: 0,
