@@ -19,6 +19,24 @@ impl KvCacheConfig {
         tokens.div_ceil(self.block_size.max(1))
     }
 
+    /// Checks the pool shape a backend is built with: positive sizes, block ids within `u32`.
+    pub fn validate(&self) -> Result<(), BackendError> {
+        let reason = if self.block_size == 0 || self.num_blocks == 0 {
+            format!(
+                "block_size {} and num_blocks {} must be positive",
+                self.block_size, self.num_blocks
+            )
+        } else if self.num_blocks > u32::MAX as usize {
+            format!(
+                "num_blocks {} exceeds the u32 block id range",
+                self.num_blocks
+            )
+        } else {
+            return Ok(());
+        };
+        Err(BackendError::InvalidConfig { reason })
+    }
+
     /// Checks that `table` covers positions `0..len` with block ids inside the pool (`chunk`
     /// names the table in the error).
     pub fn check_table(&self, chunk: usize, table: &[u32], len: usize) -> Result<(), BackendError> {

@@ -165,18 +165,7 @@ impl CpuBackend {
         kernels: CpuKernels,
     ) -> Result<Self, BackendError> {
         let bad = |reason: String| Err(BackendError::InvalidConfig { reason });
-        if kv.block_size == 0 || kv.num_blocks == 0 {
-            return bad(format!(
-                "block_size {} and num_blocks {} must be positive",
-                kv.block_size, kv.num_blocks
-            ));
-        }
-        if kv.num_blocks > u32::MAX as usize {
-            return bad(format!(
-                "num_blocks {} exceeds the u32 block id range",
-                kv.num_blocks
-            ));
-        }
+        kv.validate()?;
         if threads == 0 {
             return bad("threads must be at least 1".into());
         }

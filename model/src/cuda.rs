@@ -35,9 +35,9 @@ use zerolayer_kernels::cuda::{
 
 use crate::backend::{Backend, KvCacheConfig, SeqChunk, check_sampling_sizes};
 use crate::config::ModelConfig;
-use crate::dummy::{DEFAULT_DUMMY_SEED, dummy_scale};
+use crate::dummy::dummy_scale;
 use crate::error::{BackendError, ModelError};
-use crate::load::{find_tokenizer, load_checkpoint, load_tokenizer};
+use crate::load::{load_checkpoint, parse_dummy_spec, tokenizer_for};
 use crate::sampling::{SampleInput, SampleOutcome, Sampler, SamplingError};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Weights, layer_tensor_sizes};
@@ -393,18 +393,7 @@ impl CudaBackend {
         ordinal: usize,
     ) -> Result<Self, BackendError> {
         let bad = |reason: String| Err(BackendError::InvalidConfig { reason });
-        if kv.block_size == 0 || kv.num_blocks == 0 {
-            return bad(format!(
-                "block_size {} and num_blocks {} must be positive",
-                kv.block_size, kv.num_blocks
-            ));
-        }
-        if kv.num_blocks > u32::MAX as usize {
-            return bad(format!(
-                "num_blocks {} exceeds the u32 block id range",
-                kv.num_blocks
-            ));
-        }
+        kv.validate()?;
         let dims = model_dims(config);
         dims.validate().map_err(device_error)?;
         let group = dims.group();
@@ -955,20 +944,8 @@ pub fn load_cuda_model(
             KvSize::Mib(mib) => kv_blocks_for_mib(c, block_size, dtype, mib),
         },
     };
-    let (backend, vocab) = match spec.strip_prefix("dummy:") {
-        Some(rest) => {
-            let (name, seed) = match rest.split_once('@') {
-                Some((n, s)) => (
-                    n,
-                    s.parse::<u64>().map_err(|_| ModelError::InvalidSeed {
-                        seed: s.to_string(),
-                    })?,
-                ),
-                None => (rest, DEFAULT_DUMMY_SEED),
-            };
-            let config = ModelConfig::dummy(name).ok_or_else(|| ModelError::UnknownDummy {
-                name: name.to_string(),
-            })?;
+    let (backend, vocab) = match parse_dummy_spec(spec)? {
+        Some((config, seed)) => {
             let b = CudaBackend::from_dummy(&config, seed, dtype, kv_config(&config), ordinal)?;
             (b, config.vocab_size)
         }
@@ -978,11 +955,7 @@ pub fn load_cuda_model(
             (b, weights.config().vocab_size)
         }
     };
-    let tok = match (tokenizer, spec.starts_with("dummy:")) {
-        (Some(path), _) => load_tokenizer(path, vocab)?,
-        (None, true) => Tokenizer::byte_level(vocab)?,
-        (None, false) => load_tokenizer(&find_tokenizer(Path::new(spec), vocab)?, vocab)?,
-    };
+    let tok = tokenizer_for(spec, tokenizer, vocab)?;
     Ok(CudaModel {
         name: spec.to_string(),
         backend,

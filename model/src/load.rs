@@ -30,38 +30,51 @@ pub struct Model {
 /// `tokenizer` is given) or a llama2.c checkpoint path. The tokenizer of a checkpoint is
 /// `tokenizer`, else `tokenizer.bin` beside it, else `tok<vocab>.bin` beside it.
 pub fn load_model(spec: &str, tokenizer: Option<&Path>) -> Result<Model, ModelError> {
-    let weights = match spec.strip_prefix("dummy:") {
-        Some(rest) => {
-            let (name, seed) = match rest.split_once('@') {
-                Some((n, s)) => (
-                    n,
-                    s.parse::<u64>().map_err(|_| ModelError::InvalidSeed {
-                        seed: s.to_string(),
-                    })?,
-                ),
-                None => (rest, DEFAULT_DUMMY_SEED),
-            };
-            let config = ModelConfig::dummy(name).ok_or_else(|| ModelError::UnknownDummy {
-                name: name.to_string(),
-            })?;
-            dummy_weights(&config, seed)?
-        }
+    let weights = match parse_dummy_spec(spec)? {
+        Some((config, seed)) => dummy_weights(&config, seed)?,
         None => load_checkpoint(Path::new(spec))?,
     };
-    let vocab = weights.config().vocab_size;
-    let tok = match (tokenizer, spec.starts_with("dummy:")) {
-        (Some(path), _) => load_tokenizer(path, vocab)?,
-        (None, true) => Tokenizer::byte_level(vocab)?,
-        (None, false) => {
-            let path = find_tokenizer(Path::new(spec), vocab)?;
-            load_tokenizer(&path, vocab)?
-        }
-    };
+    let tok = tokenizer_for(spec, tokenizer, weights.config().vocab_size)?;
     Ok(Model {
         name: spec.to_string(),
         weights: Arc::new(weights),
         tokenizer: Arc::new(tok),
     })
+}
+
+/// Parses a `dummy:NAME[@SEED]` spec into its configuration and seed; `None` for any other spec
+/// (a checkpoint path).
+pub(crate) fn parse_dummy_spec(spec: &str) -> Result<Option<(ModelConfig, u64)>, ModelError> {
+    let Some(rest) = spec.strip_prefix("dummy:") else {
+        return Ok(None);
+    };
+    let (name, seed) = match rest.split_once('@') {
+        Some((n, s)) => (
+            n,
+            s.parse::<u64>().map_err(|_| ModelError::InvalidSeed {
+                seed: s.to_string(),
+            })?,
+        ),
+        None => (rest, DEFAULT_DUMMY_SEED),
+    };
+    let config = ModelConfig::dummy(name).ok_or_else(|| ModelError::UnknownDummy {
+        name: name.to_string(),
+    })?;
+    Ok(Some((config, seed)))
+}
+
+/// The tokenizer of the model `spec` with `vocab` entries: `tokenizer` if given, else byte-level
+/// for a dummy model, else the one found beside the checkpoint ([`find_tokenizer`]).
+pub(crate) fn tokenizer_for(
+    spec: &str,
+    tokenizer: Option<&Path>,
+    vocab: usize,
+) -> Result<Tokenizer, ModelError> {
+    match (tokenizer, spec.starts_with("dummy:")) {
+        (Some(path), _) => load_tokenizer(path, vocab),
+        (None, true) => Tokenizer::byte_level(vocab),
+        (None, false) => load_tokenizer(&find_tokenizer(Path::new(spec), vocab)?, vocab),
+    }
 }
 
 /// Reads a llama2.c checkpoint file.
