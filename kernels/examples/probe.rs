@@ -4,18 +4,17 @@
 
 use zerolayer_kernels::cpu::{CpuKernels, MatmulTarget, Tiling};
 
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use support::{data, gemm_matmul};
+
 /// Nanoseconds this thread has spent on a CPU (Linux `/proc/thread-self/schedstat`).
 fn cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
         .unwrap_or(0)
-}
-
-fn data(len: usize, salt: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| (((i * 2654435761 + salt * 97) % 2001) as f32 - 1000.0) / 1000.0)
-        .collect()
 }
 
 fn measure(name: &str, flops: f64, reps: usize, mut f: impl FnMut()) {
@@ -60,30 +59,7 @@ fn main() {
             kern.matmul_with(serial, &x, k, &mut [MatmulTarget { w: &w, y: &mut y }])
         });
         measure(&format!("gemm      {m}x{n}x{k}"), flops, reps, || {
-            // SAFETY: pointers and strides describe x, w (as its transpose) and y exactly.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    y.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    w.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                )
-            }
+            gemm_matmul(&x, &w, &mut y, m, n, k, 1);
         });
     }
 }
