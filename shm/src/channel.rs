@@ -175,7 +175,8 @@ impl Waiter {
         let started = Instant::now();
         let spin_until = match self.strategy {
             WaitStrategy::Spin => deadline,
-            WaitStrategy::SpinThenPark { spin } => started + spin,
+            // Saturates instead of overflowing the clock for a spin nobody validated.
+            WaitStrategy::SpinThenPark { spin } => started.checked_add(spin).unwrap_or(deadline),
         };
         let yield_from = started + PURE_SPIN;
         let mut yielding = false;

@@ -61,6 +61,10 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 65_536;
 /// uids need `0o666` (or a shared group) — set [`ShmConfig::file_mode`].
 pub const DEFAULT_FILE_MODE: u32 = 0o600;
 
+/// Longest spin a [`WaitStrategy::SpinThenPark`] may ask for: past this, spinning only burns a
+/// core (and deadlines computed from it could overflow the clock).
+pub const MAX_SPIN: Duration = Duration::from_secs(1);
+
 /// How a waiting reader or writer waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitStrategy {
@@ -173,6 +177,11 @@ impl ShmConfig {
         if self.max_in_flight == 0 {
             return bad("max_in_flight must be positive".into());
         }
+        if let WaitStrategy::SpinThenPark { spin } = self.wait
+            && spin > MAX_SPIN
+        {
+            return bad(format!("spin {spin:?} exceeds {MAX_SPIN:?}"));
+        }
         if self.file_mode & !0o777 != 0 {
             return bad(format!(
                 "file_mode {:#o} has bits outside 0o777",
@@ -279,6 +288,20 @@ mod tests {
         let mut cfg = ShmConfig::new("zerolayer-c").unwrap();
         cfg.liveness_timeout = cfg.heartbeat_interval;
         assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn a_spin_longer_than_max_spin_is_rejected() {
+        let mut cfg = ShmConfig::new("zerolayer-d").unwrap();
+        cfg.wait = WaitStrategy::SpinThenPark { spin: MAX_SPIN };
+        assert!(cfg.validate().is_ok());
+        cfg.wait = WaitStrategy::SpinThenPark {
+            spin: Duration::from_micros(u64::MAX),
+        };
+        assert!(matches!(
+            cfg.validate(),
+            Err(SegmentError::InvalidConfig { .. })
+        ));
     }
 
     #[test]
